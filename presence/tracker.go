@@ -1,0 +1,292 @@
+package presence
+
+import (
+	"container/heap"
+	"sort"
+	"time"
+)
+
+type connEntry struct {
+	Conn
+	active   bool
+	lastSeen time.Time
+	deadline time.Time
+}
+
+type userEntry struct {
+	conns      []*connEntry // few per user: a slice beats a map
+	published  State        // the state viewers were last told
+	version    uint64
+	lastSeen   time.Time // last sign of life of a connection that has ended
+	graceUntil time.Time // zero unless the user has no connection and is in grace
+}
+
+// Tracker applies the presence rules. It is not safe for concurrent use.
+type Tracker struct {
+	cfg    Config
+	conns  map[string]*connEntry
+	users  map[string]*userEntry
+	expiry deadlines // connection deadlines, lazily refreshed
+	graces deadlines // grace ends
+	present int      // users whose published state is not offline
+}
+
+// NewTracker returns an empty Tracker.
+func NewTracker(cfg Config) *Tracker {
+	return &Tracker{
+		cfg:   cfg,
+		conns: make(map[string]*connEntry),
+		users: make(map[string]*userEntry),
+	}
+}
+
+// Connect adds a live connection. A user without one becomes online; a user
+// in grace has the grace cancelled, with a change only if the state differs.
+func (t *Tracker) Connect(now time.Time, c Conn) (Outcome, error) {
+	if _, ok := t.conns[c.ID]; ok {
+		return Outcome{}, ErrDuplicateConn
+	}
+	ce := &connEntry{Conn: c, active: true, lastSeen: now, deadline: now.Add(t.cfg.TTL)}
+	t.conns[c.ID] = ce
+	heap.Push(&t.expiry, deadline{at: ce.deadline, key: c.ID})
+	u := t.user(c.UserID)
+	var out Outcome
+	if !u.graceUntil.IsZero() {
+		u.graceUntil = time.Time{}
+		out.GraceCancelled = 1
+	}
+	u.conns = append(u.conns, ce)
+	t.publishIfChanged(now, c.UserID, u, &out)
+	return out, nil
+}
+
+// Heartbeat records a sign of life. It is O(1): the deadline heap is
+// corrected lazily when the stale entry reaches its top.
+func (t *Tracker) Heartbeat(now time.Time, connID string) error {
+	ce, ok := t.conns[connID]
+	if !ok {
+		return ErrUnknownConn
+	}
+	ce.touch(now, t.cfg.TTL)
+	return nil
+}
+
+// SetStatus marks a connection's device active or idle, which counts as a
+// sign of life too.
+func (t *Tracker) SetStatus(now time.Time, connID string, active bool) (Outcome, error) {
+	ce, ok := t.conns[connID]
+	if !ok {
+		return Outcome{}, ErrUnknownConn
+	}
+	ce.touch(now, t.cfg.TTL)
+	ce.active = active
+	var out Outcome
+	t.publishIfChanged(now, ce.UserID, t.users[ce.UserID], &out)
+	return out, nil
+}
+
+// Disconnect ends a connection. If it was the user's last, the user enters
+// the grace window and nothing is published yet.
+func (t *Tracker) Disconnect(now time.Time, connID string, cause Cause) (Outcome, error) {
+	ce, ok := t.conns[connID]
+	if !ok {
+		return Outcome{}, ErrUnknownConn
+	}
+	var out Outcome
+	t.removeLocked(now, ce, cause, &out)
+	return out, nil
+}
+
+// DisconnectNode ends every connection held by node, as when it died.
+func (t *Tracker) DisconnectNode(now time.Time, node string) Outcome {
+	var out Outcome
+	for _, ce := range t.conns {
+		if ce.Node == node {
+			t.removeLocked(now, ce, Lost, &out)
+		}
+	}
+	return out
+}
+
+// Advance expires connections whose deadline has passed and ends graces
+// that are over. Each expired or ended entry costs O(log n); nothing scans.
+func (t *Tracker) Advance(now time.Time) Outcome {
+	var out Outcome
+	for t.expiry.Len() > 0 && !t.expiry.peek().at.After(now) {
+		d := heap.Pop(&t.expiry).(deadline)
+		ce, ok := t.conns[d.key]
+		if !ok {
+			continue // ended already
+		}
+		if ce.deadline.After(now) {
+			heap.Push(&t.expiry, deadline{at: ce.deadline, key: d.key}) // heard from since
+			continue
+		}
+		out.Expired = append(out.Expired, ce.Conn)
+		out.ExpiryLag = append(out.ExpiryLag, now.Sub(ce.deadline))
+		t.removeLocked(now, ce, Expired, &out)
+	}
+	for t.graces.Len() > 0 && !t.graces.peek().at.After(now) {
+		d := heap.Pop(&t.graces).(deadline)
+		u, ok := t.users[d.key]
+		if !ok || u.graceUntil.IsZero() || u.graceUntil.After(now) || len(u.conns) > 0 {
+			continue // cancelled, or re-entered grace later
+		}
+		u.graceUntil = time.Time{}
+		t.publishIfChanged(now, d.key, u, &out)
+	}
+	return out
+}
+
+// NextDeadline is the earliest time at which Advance may have work; zero
+// when nothing is pending.
+func (t *Tracker) NextDeadline() time.Time {
+	var next time.Time
+	if t.expiry.Len() > 0 {
+		next = t.expiry.peek().at
+	}
+	if t.graces.Len() > 0 {
+		if g := t.graces.peek().at; next.IsZero() || g.Before(next) {
+			next = g
+		}
+	}
+	return next
+}
+
+// Presence reports a user's presence; a user never seen is offline with
+// version 0 and a zero LastSeen.
+func (t *Tracker) Presence(userID string) Presence {
+	p := Presence{UserID: userID}
+	u, ok := t.users[userID]
+	if !ok {
+		return p
+	}
+	p.State = u.published
+	p.Version = u.version
+	p.ConnectionCount = len(u.conns)
+	p.LastSeen = u.lastSeen
+	for _, ce := range u.conns {
+		if ce.lastSeen.After(p.LastSeen) {
+			p.LastSeen = ce.lastSeen
+		}
+		p.Devices = appendUnique(p.Devices, ce.Device)
+	}
+	sort.Strings(p.Devices)
+	return p
+}
+
+// Has reports whether connID is a live connection.
+func (t *Tracker) Has(connID string) bool {
+	_, ok := t.conns[connID]
+	return ok
+}
+
+// Counts reports live connections and users who are not offline.
+func (t *Tracker) Counts() (conns, present int) {
+	return len(t.conns), t.present
+}
+
+func (t *Tracker) user(id string) *userEntry {
+	u, ok := t.users[id]
+	if !ok {
+		u = &userEntry{}
+		t.users[id] = u
+	}
+	return u
+}
+
+func (t *Tracker) removeLocked(now time.Time, ce *connEntry, cause Cause, out *Outcome) {
+	delete(t.conns, ce.ID)
+	u := t.users[ce.UserID]
+	for i, c := range u.conns {
+		if c == ce {
+			u.conns = append(u.conns[:i], u.conns[i+1:]...)
+			break
+		}
+	}
+	seen := ce.lastSeen
+	if cause == Closed && now.After(seen) {
+		seen = now // the close frame is itself a sign of life
+	}
+	if seen.After(u.lastSeen) {
+		u.lastSeen = seen
+	}
+	if len(u.conns) == 0 {
+		u.graceUntil = now.Add(t.cfg.Grace)
+		heap.Push(&t.graces, deadline{at: u.graceUntil, key: ce.UserID})
+		out.GraceStarted++
+		return
+	}
+	t.publishIfChanged(now, ce.UserID, u, out)
+}
+
+// publishIfChanged publishes the user's derived state if it differs from the
+// one viewers hold. During grace the published state stands.
+func (t *Tracker) publishIfChanged(now time.Time, userID string, u *userEntry, out *Outcome) {
+	if !u.graceUntil.IsZero() {
+		return
+	}
+	s := derive(u.conns)
+	if s == u.published {
+		return
+	}
+	if u.published == Offline {
+		t.present++
+	} else if s == Offline {
+		t.present--
+	}
+	u.published = s
+	u.version++
+	out.Changes = append(out.Changes, Change{UserID: userID, State: s, Version: u.version, At: now})
+}
+
+// derive is rule 4: online if any device is active, away if all are idle.
+func derive(conns []*connEntry) State {
+	if len(conns) == 0 {
+		return Offline
+	}
+	for _, c := range conns {
+		if c.active {
+			return Online
+		}
+	}
+	return Away
+}
+
+func (ce *connEntry) touch(now time.Time, ttl time.Duration) {
+	if now.After(ce.lastSeen) {
+		ce.lastSeen = now
+	}
+	if d := now.Add(ttl); d.After(ce.deadline) {
+		ce.deadline = d
+	}
+}
+
+func appendUnique(s []string, v string) []string {
+	for _, x := range s {
+		if x == v {
+			return s
+		}
+	}
+	return append(s, v)
+}
+
+type deadline struct {
+	at  time.Time
+	key string
+}
+
+// deadlines is a min-heap of deadlines for container/heap.
+type deadlines []deadline
+
+func (d deadlines) Len() int           { return len(d) }
+func (d deadlines) Less(i, j int) bool { return d[i].at.Before(d[j].at) }
+func (d deadlines) Swap(i, j int)      { d[i], d[j] = d[j], d[i] }
+func (d *deadlines) Push(x any)        { *d = append(*d, x.(deadline)) }
+func (d *deadlines) Pop() any {
+	old := *d
+	x := old[len(old)-1]
+	*d = old[:len(old)-1]
+	return x
+}
+func (d deadlines) peek() deadline { return d[0] }

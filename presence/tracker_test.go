@@ -1,0 +1,275 @@
+package presence
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+const (
+	ttl   = 25 * time.Second
+	grace = 5 * time.Second
+)
+
+var t0 = time.Unix(1_764_500_000, 0)
+
+// world drives a Tracker with a clock it advances, like the store would.
+type world struct {
+	t   *testing.T
+	tr  *Tracker
+	now time.Time
+}
+
+func newWorld(t *testing.T) *world {
+	return &world{t: t, tr: NewTracker(Config{TTL: ttl, Grace: grace}), now: t0}
+}
+
+func (w *world) advance(d time.Duration) Outcome {
+	w.now = w.now.Add(d)
+	return w.tr.Advance(w.now)
+}
+
+func (w *world) connect(id, user, device string) Outcome {
+	w.t.Helper()
+	out, err := w.tr.Connect(w.now, Conn{ID: id, UserID: user, Device: device, Node: "n1"})
+	if err != nil {
+		w.t.Fatalf("connect %s: %v", id, err)
+	}
+	return out
+}
+
+func (w *world) disconnect(id string) Outcome {
+	w.t.Helper()
+	out, err := w.tr.Disconnect(w.now, id, Closed)
+	if err != nil {
+		w.t.Fatalf("disconnect %s: %v", id, err)
+	}
+	return out
+}
+
+func (w *world) status(id string, active bool) Outcome {
+	w.t.Helper()
+	out, err := w.tr.SetStatus(w.now, id, active)
+	if err != nil {
+		w.t.Fatalf("status %s: %v", id, err)
+	}
+	return out
+}
+
+func expectChanges(t *testing.T, out Outcome, want ...string) {
+	t.Helper()
+	var got []string
+	for _, c := range out.Changes {
+		got = append(got, c.UserID+"="+c.State.String())
+	}
+	if len(got) != len(want) {
+		t.Fatalf("changes = %v, want %v", got, want)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("changes = %v, want %v", got, want)
+		}
+	}
+}
+
+func TestFirstDeviceOnlineLastDeviceOfflineAfterGrace(t *testing.T) {
+	w := newWorld(t)
+	expectChanges(t, w.connect("c1", "bob", "web"), "bob=online")
+	expectChanges(t, w.connect("c2", "bob", "ios")) // second device: nothing
+	if p := w.tr.Presence("bob"); p.ConnectionCount != 2 || len(p.Devices) != 2 || p.Devices[0] != "ios" {
+		t.Fatalf("presence = %+v", p)
+	}
+	expectChanges(t, w.disconnect("c1"))
+	out := w.disconnect("c2")
+	expectChanges(t, out)
+	if out.GraceStarted != 1 {
+		t.Fatalf("grace started = %d, want 1", out.GraceStarted)
+	}
+	expectChanges(t, w.advance(grace-time.Millisecond))
+	expectChanges(t, w.advance(time.Millisecond), "bob=offline")
+	p := w.tr.Presence("bob")
+	if p.State != Offline || p.Version != 2 || !p.LastSeen.Equal(t0.Add(0)) {
+		t.Fatalf("presence = %+v", p)
+	}
+}
+
+func TestReconnectWithinGraceIsSilent(t *testing.T) {
+	w := newWorld(t)
+	w.connect("c1", "bob", "web")
+	w.advance(time.Second)
+	w.disconnect("c1")
+	w.advance(grace - time.Millisecond)
+	out := w.connect("c2", "bob", "web")
+	expectChanges(t, out)
+	if out.GraceCancelled != 1 {
+		t.Fatalf("grace cancelled = %d", out.GraceCancelled)
+	}
+	expectChanges(t, w.advance(grace)) // the old grace's end passes: still nothing
+}
+
+func TestReconnectWithinGraceAwayToOnlinePublishes(t *testing.T) {
+	w := newWorld(t)
+	w.connect("c1", "bob", "web")
+	expectChanges(t, w.status("c1", false), "bob=away")
+	w.disconnect("c1")
+	expectChanges(t, w.connect("c2", "bob", "web"), "bob=online")
+}
+
+func TestAwayOnlyWhenEveryDeviceIdle(t *testing.T) {
+	w := newWorld(t)
+	w.connect("c1", "bob", "web")
+	w.connect("c2", "bob", "ios")
+	expectChanges(t, w.status("c1", false))
+	expectChanges(t, w.status("c2", false), "bob=away")
+	expectChanges(t, w.status("c2", false))
+	expectChanges(t, w.status("c1", true), "bob=online")
+	// The active device leaves; the idle one remains: away, at once.
+	expectChanges(t, w.disconnect("c1"), "bob=away")
+}
+
+func TestExpiryOfSilentConnection(t *testing.T) {
+	w := newWorld(t)
+	w.connect("c1", "bob", "web")
+	w.advance(10 * time.Second)
+	if err := w.tr.Heartbeat(w.now, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	lastFrame := w.now
+	// The old deadline (t0+ttl) passes: the heartbeat moved it.
+	out := w.advance(ttl - 10*time.Second)
+	if len(out.Expired) != 0 {
+		t.Fatalf("expired too early: %+v", out.Expired)
+	}
+	out = w.advance(10*time.Second + 500*time.Millisecond)
+	if len(out.Expired) != 1 || out.Expired[0].ID != "c1" || out.ExpiryLag[0] != 500*time.Millisecond {
+		t.Fatalf("outcome = %+v", out)
+	}
+	expectChanges(t, out) // grace first
+	expectChanges(t, w.advance(grace), "bob=offline")
+	if p := w.tr.Presence("bob"); !p.LastSeen.Equal(lastFrame) {
+		t.Fatalf("last seen = %v, want the last frame %v", p.LastSeen, lastFrame)
+	}
+	if err := w.tr.Heartbeat(w.now, "c1"); !errors.Is(err, ErrUnknownConn) {
+		t.Fatalf("heartbeat after expiry: %v", err)
+	}
+}
+
+func TestExpiryWithZeroGraceIsOfflineInOneAdvance(t *testing.T) {
+	tr := NewTracker(Config{TTL: time.Second})
+	if _, err := tr.Connect(t0, Conn{ID: "c1", UserID: "bob"}); err != nil {
+		t.Fatal(err)
+	}
+	expectChanges(t, tr.Advance(t0.Add(time.Second)), "bob=offline")
+}
+
+func TestVersionsStrictlyIncrease(t *testing.T) {
+	w := newWorld(t)
+	var last uint64
+	check := func(out Outcome) {
+		for _, c := range out.Changes {
+			if c.Version <= last {
+				t.Fatalf("version %d after %d", c.Version, last)
+			}
+			last = c.Version
+		}
+	}
+	for i := 0; i < 5; i++ {
+		check(w.connect("a", "bob", "web"))
+		check(w.status("a", false))
+		check(w.status("a", true))
+		w.disconnect("a")
+		check(w.advance(grace))
+	}
+	if last != 20 {
+		t.Fatalf("last version = %d, want 20", last)
+	}
+}
+
+func TestDuplicateAndUnknownConnections(t *testing.T) {
+	w := newWorld(t)
+	w.connect("c1", "bob", "web")
+	if _, err := w.tr.Connect(w.now, Conn{ID: "c1", UserID: "eve"}); !errors.Is(err, ErrDuplicateConn) {
+		t.Fatalf("duplicate: %v", err)
+	}
+	if _, err := w.tr.Disconnect(w.now, "nope", Closed); !errors.Is(err, ErrUnknownConn) {
+		t.Fatalf("unknown: %v", err)
+	}
+	if _, err := w.tr.SetStatus(w.now, "nope", true); !errors.Is(err, ErrUnknownConn) {
+		t.Fatalf("unknown: %v", err)
+	}
+}
+
+func TestGraceReenteredUsesLatestDeadline(t *testing.T) {
+	w := newWorld(t)
+	w.connect("c1", "bob", "web")
+	w.disconnect("c1") // grace until t0+5s
+	w.advance(2 * time.Second)
+	w.connect("c2", "bob", "web") // cancelled
+	w.disconnect("c2")            // grace until t0+7s
+	expectChanges(t, w.advance(3*time.Second+time.Millisecond))
+	expectChanges(t, w.advance(2*time.Second), "bob=offline")
+}
+
+func TestDisconnectNodeReleasesItsConnections(t *testing.T) {
+	w := newWorld(t)
+	w.connect("c1", "bob", "web")
+	if _, err := w.tr.Connect(w.now, Conn{ID: "c2", UserID: "amy", Node: "n2"}); err != nil {
+		t.Fatal(err)
+	}
+	out := w.tr.DisconnectNode(w.now, "n1")
+	if out.GraceStarted != 1 || w.tr.Has("c1") || !w.tr.Has("c2") {
+		t.Fatalf("outcome = %+v", out)
+	}
+	expectChanges(t, w.advance(grace), "bob=offline")
+}
+
+func TestCountsAndNextDeadline(t *testing.T) {
+	w := newWorld(t)
+	if !w.tr.NextDeadline().IsZero() {
+		t.Fatal("empty tracker has a deadline")
+	}
+	w.connect("c1", "bob", "web")
+	w.connect("c2", "amy", "web")
+	if c, p := w.tr.Counts(); c != 2 || p != 2 {
+		t.Fatalf("counts = %d, %d", c, p)
+	}
+	if got := w.tr.NextDeadline(); !got.Equal(t0.Add(ttl)) {
+		t.Fatalf("next deadline = %v", got)
+	}
+	w.disconnect("c1")
+	if got := w.tr.NextDeadline(); !got.Equal(t0.Add(grace)) {
+		t.Fatalf("next deadline = %v", got)
+	}
+	w.advance(grace)
+	if c, p := w.tr.Counts(); c != 1 || p != 1 {
+		t.Fatalf("counts = %d, %d", c, p)
+	}
+}
+
+func BenchmarkHeartbeat(b *testing.B) {
+	tr := NewTracker(Config{TTL: ttl, Grace: grace})
+	ids := make([]string, 10000)
+	for i := range ids {
+		ids[i] = string(rune('a'+i%26)) + time.Duration(i).String()
+		if _, err := tr.Connect(t0, Conn{ID: ids[i], UserID: ids[i]}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		_ = tr.Heartbeat(t0.Add(time.Duration(i)), ids[i%len(ids)])
+	}
+}
+
+func BenchmarkConnectDisconnect(b *testing.B) {
+	tr := NewTracker(Config{TTL: ttl, Grace: 0})
+	b.ReportAllocs()
+	now := t0
+	for i := 0; i < b.N; i++ {
+		now = now.Add(time.Microsecond)
+		_, _ = tr.Connect(now, Conn{ID: "c", UserID: "bob", Device: "web"})
+		_, _ = tr.Disconnect(now, "c", Closed)
+		tr.Advance(now)
+	}
+}

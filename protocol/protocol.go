@@ -1,0 +1,301 @@
+// Package protocol holds the wire frames of greendot's WebSocket protocol (v1).
+//
+// Every frame is one JSON object discriminated by "type". The server and the Go
+// client both use these types, so the two can never disagree on a field name.
+// docs/protocol.md is the prose version of this file.
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Frame types, server to client.
+const (
+	TypeWelcome      = "welcome"
+	TypeSnapshot     = "snapshot"
+	TypePresence     = "presence"
+	TypeHeartbeatAck = "heartbeat_ack"
+	TypeQueryResult  = "query_result"
+	TypeReconnect    = "reconnect"
+	TypeError        = "error"
+)
+
+// Frame types, client to server.
+const (
+	TypeHeartbeat = "heartbeat"
+	TypeStatus    = "status"
+	TypeQuery     = "query"
+)
+
+// Presence states as they appear on the wire.
+const (
+	StateOnline  = "online"
+	StateAway    = "away"
+	StateOffline = "offline"
+	StateUnknown = "unknown" // query result for a user who shares no team with the viewer
+)
+
+// Error codes carried by error frames and HTTP error bodies.
+const (
+	CodeBadRequest   = "bad_request"
+	CodeUnknownType  = "unknown_type"
+	CodeRateLimited  = "rate_limited"
+	CodeTooManyIDs   = "too_many_ids"
+	CodeUnauthorized = "unauthorized"
+	CodeNotFound     = "not_found"
+	CodeUnavailable  = "unavailable"
+	CodeInternal     = "internal"
+	CodeMethod       = "method_not_allowed"
+)
+
+// WebSocket close codes used by the server.
+const (
+	CloseNormal         = 1000
+	CloseUnsupported    = 1003 // a binary frame
+	ClosePolicy         = 1008 // a flood, or bad frames that keep coming
+	CloseTooBig         = 1009
+	CloseServiceRestart = 1012
+	CloseTokenExpired   = 4001
+)
+
+// MaxQueryIDs bounds the user ids of one query, over WebSocket and HTTP.
+const MaxQueryIDs = 500
+
+// Welcome is the first frame on every connection.
+type Welcome struct {
+	Type                string `json:"type"`
+	ConnectionID        string `json:"connection_id"`
+	UserID              string `json:"user_id"`
+	HeartbeatIntervalMS int64  `json:"heartbeat_interval_ms"`
+	TTLMS               int64  `json:"ttl_ms"`
+}
+
+// UserState is one entry of a snapshot, or of a team's online list.
+type UserState struct {
+	UserID  string `json:"user_id"`
+	State   string `json:"state"`
+	Version uint64 `json:"version"`
+}
+
+// Snapshot follows welcome: every visible user who is not offline.
+type Snapshot struct {
+	Type  string      `json:"type"`
+	Users []UserState `json:"users"`
+}
+
+// Change is one versioned transition of one user.
+type Change struct {
+	UserID  string `json:"user_id"`
+	State   string `json:"state"`
+	Version uint64 `json:"version"`
+	At      int64  `json:"at"`
+}
+
+// Presence carries one or more changes, batched.
+type Presence struct {
+	Type    string   `json:"type"`
+	Changes []Change `json:"changes"`
+}
+
+// HeartbeatAck answers a heartbeat that carried an id.
+type HeartbeatAck struct {
+	Type string          `json:"type"`
+	ID   json.RawMessage `json:"id"`
+}
+
+// UserPresence is the full presence of one user, as queries return it.
+// A user the viewer may not see has only UserID and State "unknown".
+type UserPresence struct {
+	UserID          string   `json:"user_id"`
+	State           string   `json:"state"`
+	ConnectionCount *int     `json:"connection_count,omitempty"`
+	Devices         []string `json:"devices,omitempty"`
+	LastSeen        *int64   `json:"last_seen,omitempty"`
+	Version         *uint64  `json:"version,omitempty"`
+}
+
+// QueryResult answers a query frame.
+type QueryResult struct {
+	Type  string          `json:"type"`
+	ID    json.RawMessage `json:"id"`
+	Users []UserPresence  `json:"users"`
+}
+
+// Reconnect tells a client to reconnect after a delay; the server then closes with 1012.
+type Reconnect struct {
+	Type    string `json:"type"`
+	AfterMS int64  `json:"after_ms"`
+}
+
+// Error reports a bad frame; the connection stays open.
+type Error struct {
+	Type    string `json:"type"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Heartbeat is a client's sign of life; ID, when present, is echoed in heartbeat_ack.
+type Heartbeat struct {
+	Type string          `json:"type"`
+	ID   json.RawMessage `json:"id,omitempty"`
+}
+
+// Status marks the sending device active ("online") or idle ("away").
+type Status struct {
+	Type  string `json:"type"`
+	State string `json:"state"`
+}
+
+// Query asks for the presence of up to MaxQueryIDs users.
+type Query struct {
+	Type    string          `json:"type"`
+	ID      json.RawMessage `json:"id,omitempty"`
+	UserIDs []string        `json:"user_ids"`
+}
+
+// ClientFrame is a decoded client frame: exactly one of its pointers is set.
+type ClientFrame struct {
+	Heartbeat *Heartbeat
+	Status    *Status
+	Query     *Query
+}
+
+// DecodeError is a client frame the server refuses; Code is one of the Code constants.
+type DecodeError struct {
+	Code    string
+	Message string
+}
+
+func (e *DecodeError) Error() string { return e.Code + ": " + e.Message }
+
+func badRequest(format string, args ...any) *DecodeError {
+	return &DecodeError{Code: CodeBadRequest, Message: fmt.Sprintf(format, args...)}
+}
+
+// DecodeClientFrame parses one client text frame. It never panics; every
+// refusal is a *DecodeError with a message safe to send back to the client.
+func DecodeClientFrame(data []byte) (ClientFrame, error) {
+	var head struct {
+		Type *string `json:"type"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil {
+		return ClientFrame{}, badRequest("frame is not a JSON object: %s", jsonProblem(err))
+	}
+	if head.Type == nil {
+		return ClientFrame{}, badRequest(`frame has no "type"`)
+	}
+	var f ClientFrame
+	var target any
+	switch *head.Type {
+	case TypeHeartbeat:
+		f.Heartbeat = &Heartbeat{}
+		target = f.Heartbeat
+	case TypeStatus:
+		f.Status = &Status{}
+		target = f.Status
+	case TypeQuery:
+		f.Query = &Query{}
+		target = f.Query
+	default:
+		return ClientFrame{}, &DecodeError{Code: CodeUnknownType, Message: fmt.Sprintf("unknown frame type %q", truncate(*head.Type, 64))}
+	}
+	if err := json.Unmarshal(data, target); err != nil {
+		return ClientFrame{}, badRequest("%s frame: %s", *head.Type, jsonProblem(err))
+	}
+	switch {
+	case f.Heartbeat != nil:
+		if err := checkID(f.Heartbeat.ID); err != nil {
+			return ClientFrame{}, err
+		}
+	case f.Status != nil:
+		if f.Status.State != StateOnline && f.Status.State != StateAway {
+			return ClientFrame{}, badRequest(`status "state" must be "online" or "away"`)
+		}
+	case f.Query != nil:
+		if err := checkID(f.Query.ID); err != nil {
+			return ClientFrame{}, err
+		}
+		if f.Query.UserIDs == nil {
+			return ClientFrame{}, badRequest(`query needs "user_ids", an array of strings`)
+		}
+		if len(f.Query.UserIDs) > MaxQueryIDs {
+			return ClientFrame{}, &DecodeError{Code: CodeTooManyIDs, Message: fmt.Sprintf("a query takes at most %d user ids", MaxQueryIDs)}
+		}
+	}
+	return f, nil
+}
+
+// checkID accepts a missing id, a string or a number: anything else could be
+// an arbitrarily deep structure echoed back, so it is refused.
+func checkID(id json.RawMessage) *DecodeError {
+	if len(id) == 0 {
+		return nil
+	}
+	t := bytes.TrimSpace(id)
+	if len(t) == 0 || bytes.Equal(t, []byte("null")) {
+		return nil
+	}
+	switch t[0] {
+	case '"', '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		return nil
+	}
+	return badRequest(`"id" must be a string or a number`)
+}
+
+func jsonProblem(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		if typeErr.Field != "" {
+			return fmt.Sprintf("field %q must be %s", typeErr.Field, kindName(typeErr.Type.Kind().String()))
+		}
+		return "frame must be a JSON object"
+	}
+	var syntaxErr *json.SyntaxError
+	if errors.As(err, &syntaxErr) {
+		return fmt.Sprintf("malformed JSON at byte %d", syntaxErr.Offset)
+	}
+	return "malformed JSON"
+}
+
+func kindName(k string) string {
+	switch k {
+	case "slice":
+		return "an array"
+	case "string":
+		return "a string"
+	case "ptr", "struct", "map":
+		return "an object"
+	}
+	return "a " + k
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// ValidID reports whether s is a valid user, team or device id: 1–128 bytes
+// of printable UTF-8 without control characters.
+func ValidID(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		// IsGraphic admits letters, marks, numbers, punctuation, symbols and
+		// spaces; it refuses control and format characters (Cc, Cf).
+		if !unicode.IsGraphic(r) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,242 @@
+// Package memstore is the embedded, single-node store: presence.Tracker
+// behind a mutex, plus team membership in maps.
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+)
+
+// Config configures a Store. The zero value works: a 25 s TTL, a 5 s grace,
+// the wall clock and no observer.
+type Config struct {
+	TTL      time.Duration
+	Grace    time.Duration
+	Now      func() time.Time // injected clock; time.Now when nil
+	Observer store.Observer
+}
+
+// Store is the in-memory store.
+type Store struct {
+	now func() time.Time
+	obs store.Observer
+
+	mu      sync.Mutex
+	tracker *presence.Tracker
+	teams   map[string]map[string]struct{} // team → members
+	userOf  map[string]map[string]struct{} // user → teams
+
+	// emitMu orders events: it is taken before mu is released, so events
+	// reach the handler in the order their transitions happened, without
+	// holding mu while the handler runs.
+	emitMu  sync.Mutex
+	handler store.Handler
+}
+
+var (
+	_ store.Store  = (*Store)(nil)
+	_ store.Pinger = (*Store)(nil)
+)
+
+// New returns an empty Store.
+func New(cfg Config) (*Store, error) {
+	if cfg.TTL == 0 {
+		cfg.TTL = 25 * time.Second
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = 5 * time.Second
+	}
+	if cfg.TTL < 0 || cfg.Grace < 0 {
+		return nil, errors.New("memstore: ttl and grace must not be negative")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Store{
+		now:     cfg.Now,
+		obs:     cfg.Observer,
+		tracker: presence.NewTracker(presence.Config{TTL: cfg.TTL, Grace: cfg.Grace}),
+		teams:   make(map[string]map[string]struct{}),
+		userOf:  make(map[string]map[string]struct{}),
+	}, nil
+}
+
+// Subscribe implements store.Store.
+func (s *Store) Subscribe(h store.Handler) {
+	s.emitMu.Lock()
+	s.handler = h
+	s.emitMu.Unlock()
+}
+
+// Ping implements store.Pinger: memory is always there.
+func (s *Store) Ping(context.Context) error { return nil }
+
+// Connect implements store.Tracker.
+func (s *Store) Connect(_ context.Context, c presence.Conn) error {
+	return s.transition(store.OpConnect, func(now time.Time) (presence.Outcome, error) {
+		return s.tracker.Connect(now, c)
+	})
+}
+
+// Heartbeat implements store.Tracker.
+func (s *Store) Heartbeat(_ context.Context, connID string) error {
+	s.mu.Lock()
+	err := s.tracker.Heartbeat(s.now(), connID)
+	s.mu.Unlock()
+	return err
+}
+
+// SetStatus implements store.Tracker.
+func (s *Store) SetStatus(_ context.Context, connID string, active bool) error {
+	return s.transition(store.OpStatus, func(now time.Time) (presence.Outcome, error) {
+		return s.tracker.SetStatus(now, connID, active)
+	})
+}
+
+// Disconnect implements store.Tracker.
+func (s *Store) Disconnect(_ context.Context, connID string, cause presence.Cause) error {
+	return s.transition(store.OpDisconnect, func(now time.Time) (presence.Outcome, error) {
+		return s.tracker.Disconnect(now, connID, cause)
+	})
+}
+
+// Sweep implements store.Tracker.
+func (s *Store) Sweep(context.Context) error {
+	return s.transition(store.OpSweep, func(now time.Time) (presence.Outcome, error) {
+		return s.tracker.Advance(now), nil
+	})
+}
+
+// Presence implements store.Tracker.
+func (s *Store) Presence(_ context.Context, userIDs []string) ([]presence.Presence, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]presence.Presence, len(userIDs))
+	for i, id := range userIDs {
+		out[i] = s.tracker.Presence(id)
+	}
+	return out, nil
+}
+
+// Counts reports live connections and users who are not offline.
+func (s *Store) Counts() (conns, present int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tracker.Counts()
+}
+
+// AddMember implements store.Teams.
+func (s *Store) AddMember(_ context.Context, team, user string) error {
+	return s.membership(team, user, true)
+}
+
+// RemoveMember implements store.Teams.
+func (s *Store) RemoveMember(_ context.Context, team, user string) error {
+	return s.membership(team, user, false)
+}
+
+// TeamsOf implements store.Teams.
+func (s *Store) TeamsOf(_ context.Context, user string) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return sortedKeys(s.userOf[user]), nil
+}
+
+// Members implements store.Teams.
+func (s *Store) Members(_ context.Context, team string) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return sortedKeys(s.teams[team]), nil
+}
+
+func (s *Store) membership(team, user string, join bool) error {
+	s.mu.Lock()
+	members := s.teams[team]
+	_, isMember := members[user]
+	if isMember == join {
+		s.mu.Unlock()
+		return nil
+	}
+	if join {
+		if members == nil {
+			members = make(map[string]struct{})
+			s.teams[team] = members
+		}
+		members[user] = struct{}{}
+		if s.userOf[user] == nil {
+			s.userOf[user] = make(map[string]struct{})
+		}
+		s.userOf[user][team] = struct{}{}
+	} else {
+		delete(members, user)
+		if len(members) == 0 {
+			delete(s.teams, team)
+		}
+		delete(s.userOf[user], team)
+		if len(s.userOf[user]) == 0 {
+			delete(s.userOf, user)
+		}
+	}
+	p := s.tracker.Presence(user)
+	ev := store.MembershipEvent{
+		Team: team, UserID: user, Joined: join,
+		UserTeams: sortedKeys(s.userOf[user]),
+		State:     p.State, Version: p.Version,
+	}
+	s.emitMu.Lock()
+	s.mu.Unlock()
+	defer s.emitMu.Unlock()
+	if s.handler != nil {
+		s.handler.OnMembership(ev)
+	}
+	return nil
+}
+
+// transition applies one tracker call and emits its changes in order.
+func (s *Store) transition(op string, apply func(now time.Time) (presence.Outcome, error)) error {
+	start := time.Now()
+	s.mu.Lock()
+	out, err := apply(s.now())
+	if err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("memstore: %s: %w", op, err)
+	}
+	var events []store.PresenceEvent
+	if len(out.Changes) > 0 {
+		events = make([]store.PresenceEvent, len(out.Changes))
+		for i, c := range out.Changes {
+			events[i] = store.PresenceEvent{Change: c, Teams: sortedKeys(s.userOf[c.UserID])}
+		}
+	}
+	s.emitMu.Lock()
+	s.mu.Unlock()
+	if s.handler != nil {
+		for _, ev := range events {
+			s.handler.OnPresence(ev)
+		}
+	}
+	s.emitMu.Unlock()
+	if s.obs != nil {
+		s.obs.ObserveOutcome(op, out, time.Since(start))
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]struct{}) []string {
+	if len(m) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

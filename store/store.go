@@ -1,0 +1,113 @@
+// Package store defines where presence and team membership live: the Store
+// interface that the server consumes, and the events a store emits.
+//
+// Implementations: store/memstore (embedded, one node) and, for many nodes,
+// a Redis store. store/storetest is the conformance suite every
+// implementation passes. Each transition is one atomic operation of the
+// store, so that with many nodes every change is published exactly once.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+)
+
+// Errors returned by stores; wrap them with %w.
+var (
+	ErrUnknownConn   = presence.ErrUnknownConn
+	ErrDuplicateConn = presence.ErrDuplicateConn
+	ErrUnavailable   = errors.New("store: unavailable")
+)
+
+// Tracker holds live connections and derives users' presence from them.
+type Tracker interface {
+	// Connect registers a live connection.
+	Connect(ctx context.Context, c presence.Conn) error
+	// Heartbeat records a sign of life; ErrUnknownConn when the store no
+	// longer knows the connection, so the caller can register it again.
+	Heartbeat(ctx context.Context, connID string) error
+	// SetStatus marks the connection's device active or idle.
+	SetStatus(ctx context.Context, connID string, active bool) error
+	// Disconnect ends a connection; the user may enter the grace window.
+	Disconnect(ctx context.Context, connID string, cause presence.Cause) error
+	// Sweep expires silent connections and ends graces that are over. The
+	// server calls it a few times a second; it costs O(log n) per entry due.
+	Sweep(ctx context.Context) error
+	// Presence reports the presence of each user, in order.
+	Presence(ctx context.Context, userIDs []string) ([]presence.Presence, error)
+}
+
+// Teams holds team membership: who may see whom.
+type Teams interface {
+	// AddMember adds user to team; adding a member again changes nothing.
+	AddMember(ctx context.Context, team, user string) error
+	// RemoveMember removes user from team; removing a non-member changes nothing.
+	RemoveMember(ctx context.Context, team, user string) error
+	// TeamsOf lists the teams of user, sorted.
+	TeamsOf(ctx context.Context, user string) ([]string, error)
+	// Members lists the members of team, sorted.
+	Members(ctx context.Context, team string) ([]string, error)
+}
+
+// Store is everything the server needs from a store.
+type Store interface {
+	Tracker
+	Teams
+	// Subscribe sets the one handler that receives every event, from this
+	// node and (for a shared store) from others. Call it before use.
+	Subscribe(h Handler)
+}
+
+// Closer is implemented by stores that hold resources.
+type Closer interface {
+	Close() error
+}
+
+// Pinger is implemented by stores that can be unreachable; /readyz uses it.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// Handler receives a store's events. Its methods must not block and must not
+// call a store method that changes state (Connect, Disconnect, AddMember…):
+// a store may call them while it orders its events. Queries are allowed.
+type Handler interface {
+	OnPresence(ev PresenceEvent)
+	OnMembership(ev MembershipEvent)
+}
+
+// PresenceEvent is a published change, with the subject's teams at the time
+// of the change: exactly the teams whose members may hear it.
+type PresenceEvent struct {
+	Change presence.Change
+	Teams  []string
+}
+
+// MembershipEvent says a user joined or left a team.
+type MembershipEvent struct {
+	Team      string
+	UserID    string
+	Joined    bool
+	UserTeams []string // the user's teams after the change
+	State     presence.State
+	Version   uint64 // the user's current presence version
+}
+
+// Observer receives what each store operation did, for metrics.
+type Observer interface {
+	ObserveOutcome(op string, out presence.Outcome, took time.Duration)
+}
+
+// Operation names passed to Observer.
+const (
+	OpConnect    = "connect"
+	OpHeartbeat  = "heartbeat"
+	OpStatus     = "status"
+	OpDisconnect = "disconnect"
+	OpSweep      = "sweep"
+	OpQuery      = "query"
+	OpMembership = "membership"
+)

@@ -1,0 +1,404 @@
+// Package storetest is the conformance suite for store.Store
+// implementations, as testing/slogtest is for slog handlers.
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store { … })
+//	}
+//
+// The suite runs on real time with short deadlines, since a remote store
+// keeps its own clock; it sweeps the store itself, as a server would.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+)
+
+// Config is what the suite asks of a new store.
+type Config struct {
+	TTL   time.Duration
+	Grace time.Duration
+	Node  string
+}
+
+// NewStore returns a fresh, empty store; it is closed by the caller's
+// t.Cleanup if it needs closing.
+type NewStore func(t *testing.T, cfg Config) store.Store
+
+// Deadlines the suite uses; generous enough for a remote store under -race.
+const (
+	TTL   = 600 * time.Millisecond
+	Grace = 300 * time.Millisecond
+)
+
+// Run runs every conformance test against stores made by newStore.
+func Run(t *testing.T, newStore NewStore) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, h *harness)
+	}{
+		{"FirstDeviceOnlineOnce", testFirstDeviceOnlineOnce},
+		{"OfflineAfterGrace", testOfflineAfterGrace},
+		{"ReconnectWithinGraceSilent", testReconnectWithinGraceSilent},
+		{"AwayWhenAllIdle", testAwayWhenAllIdle},
+		{"SilentConnectionExpires", testSilentConnectionExpires},
+		{"HeartbeatKeepsAlive", testHeartbeatKeepsAlive},
+		{"UnknownConnection", testUnknownConnection},
+		{"DuplicateConnection", testDuplicateConnection},
+		{"NeverSeenUser", testNeverSeenUser},
+		{"Membership", testMembership},
+		{"MembershipEvents", testMembershipEvents},
+		{"ChangeCarriesTeams", testChangeCarriesTeams},
+		{"VersionsIncrease", testVersionsIncrease},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := &harness{t: t, ctx: context.Background()}
+			h.s = newStore(t, Config{TTL: TTL, Grace: Grace, Node: "node-a"})
+			h.s.Subscribe(h)
+			tt.fn(t, h)
+		})
+	}
+}
+
+// harness records events and drives sweeps.
+type harness struct {
+	t   *testing.T
+	ctx context.Context
+	s   store.Store
+
+	mu          sync.Mutex
+	changes     []presence.Change
+	teamsOf     map[string][]string // teams carried by the last change of each user
+	memberships []store.MembershipEvent
+}
+
+func (h *harness) OnPresence(ev store.PresenceEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.changes = append(h.changes, ev.Change)
+	if h.teamsOf == nil {
+		h.teamsOf = make(map[string][]string)
+	}
+	h.teamsOf[ev.Change.UserID] = ev.Teams
+}
+
+func (h *harness) OnMembership(ev store.MembershipEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.memberships = append(h.memberships, ev)
+}
+
+func (h *harness) connect(id, user, device string) {
+	h.t.Helper()
+	if err := h.s.Connect(h.ctx, presence.Conn{ID: id, UserID: user, Device: device, Node: "node-a"}); err != nil {
+		h.t.Fatalf("connect %s: %v", id, err)
+	}
+}
+
+func (h *harness) disconnect(id string) {
+	h.t.Helper()
+	if err := h.s.Disconnect(h.ctx, id, presence.Closed); err != nil {
+		h.t.Fatalf("disconnect %s: %v", id, err)
+	}
+}
+
+func (h *harness) status(id string, active bool) {
+	h.t.Helper()
+	if err := h.s.SetStatus(h.ctx, id, active); err != nil {
+		h.t.Fatalf("status %s: %v", id, err)
+	}
+}
+
+func (h *harness) sweep() {
+	h.t.Helper()
+	if err := h.s.Sweep(h.ctx); err != nil {
+		h.t.Fatalf("sweep: %v", err)
+	}
+}
+
+// sweepFor sweeps every 20 ms for d.
+func (h *harness) sweepFor(d time.Duration) {
+	h.t.Helper()
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		h.sweep()
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *harness) history() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, c := range h.changes {
+		out = append(out, c.UserID+"="+c.State.String())
+	}
+	return out
+}
+
+// expectHistory waits (sweeping) until the recorded changes equal want.
+func (h *harness) expectHistory(within time.Duration, want ...string) {
+	h.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		h.sweep()
+		got := h.history()
+		if slices.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("changes = %v, want %v", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (h *harness) presence(user string) presence.Presence {
+	h.t.Helper()
+	ps, err := h.s.Presence(h.ctx, []string{user})
+	if err != nil || len(ps) != 1 {
+		h.t.Fatalf("presence %s: %v %v", user, ps, err)
+	}
+	return ps[0]
+}
+
+func testFirstDeviceOnlineOnce(t *testing.T, h *harness) {
+	h.connect("c1", "bob", "web")
+	h.connect("c2", "bob", "ios")
+	h.sweepFor(50 * time.Millisecond)
+	h.expectHistory(0, "bob=online")
+	p := h.presence("bob")
+	if p.State != presence.Online || p.ConnectionCount != 2 || !slices.Equal(p.Devices, []string{"ios", "web"}) || p.Version != 1 {
+		t.Fatalf("presence = %+v", p)
+	}
+}
+
+func testOfflineAfterGrace(t *testing.T, h *harness) {
+	h.connect("c1", "bob", "web")
+	h.connect("c2", "bob", "ios")
+	h.disconnect("c1")
+	h.disconnect("c2")
+	closedAt := time.Now()
+	h.sweepFor(Grace / 2)
+	h.expectHistory(0, "bob=online")
+	if p := h.presence("bob"); p.State != presence.Online || p.ConnectionCount != 0 {
+		t.Fatalf("during grace: %+v", p)
+	}
+	h.expectHistory(Grace+time.Second, "bob=online", "bob=offline")
+	p := h.presence("bob")
+	if p.State != presence.Offline || p.Version != 2 {
+		t.Fatalf("after grace: %+v", p)
+	}
+	if d := p.LastSeen.Sub(closedAt); d > 100*time.Millisecond || d < -100*time.Millisecond {
+		t.Fatalf("last seen %v, closed at %v", p.LastSeen, closedAt)
+	}
+}
+
+func testReconnectWithinGraceSilent(t *testing.T, h *harness) {
+	h.connect("c1", "bob", "web")
+	h.disconnect("c1")
+	h.sweepFor(Grace / 3)
+	h.connect("c2", "bob", "web")
+	h.sweepFor(Grace + 100*time.Millisecond)
+	h.expectHistory(0, "bob=online")
+	if p := h.presence("bob"); p.State != presence.Online || p.ConnectionCount != 1 {
+		t.Fatalf("presence = %+v", p)
+	}
+}
+
+func testAwayWhenAllIdle(t *testing.T, h *harness) {
+	h.connect("c1", "bob", "web")
+	h.connect("c2", "bob", "ios")
+	h.status("c1", false)
+	h.status("c2", false)
+	h.status("c1", true)
+	h.disconnect("c1") // the idle device remains
+	h.expectHistory(time.Second, "bob=online", "bob=away", "bob=online", "bob=away")
+	// Away, then a reconnect in grace: a real difference is published.
+	h.disconnect("c2")
+	h.connect("c3", "bob", "web")
+	h.expectHistory(time.Second, "bob=online", "bob=away", "bob=online", "bob=away", "bob=online")
+}
+
+func testSilentConnectionExpires(t *testing.T, h *harness) {
+	h.connect("c1", "bob", "web")
+	lastFrame := time.Now()
+	h.sweepFor(TTL / 2)
+	h.expectHistory(0, "bob=online")
+	h.expectHistory(TTL+Grace+time.Second, "bob=online", "bob=offline")
+	p := h.presence("bob")
+	if d := p.LastSeen.Sub(lastFrame); d > 100*time.Millisecond || d < -100*time.Millisecond {
+		t.Fatalf("last seen = %v, want the last frame at %v", p.LastSeen, lastFrame)
+	}
+	if err := h.s.Heartbeat(h.ctx, "c1"); !errors.Is(err, store.ErrUnknownConn) {
+		t.Fatalf("heartbeat of an expired connection: %v, want ErrUnknownConn", err)
+	}
+}
+
+func testHeartbeatKeepsAlive(t *testing.T, h *harness) {
+	h.connect("c1", "bob", "web")
+	end := time.Now().Add(TTL * 3)
+	for time.Now().Before(end) {
+		if err := h.s.Heartbeat(h.ctx, "c1"); err != nil {
+			t.Fatalf("heartbeat: %v", err)
+		}
+		h.sweepFor(TTL / 6)
+	}
+	h.expectHistory(0, "bob=online")
+}
+
+func testUnknownConnection(t *testing.T, h *harness) {
+	for name, err := range map[string]error{
+		"heartbeat":  h.s.Heartbeat(h.ctx, "nope"),
+		"status":     h.s.SetStatus(h.ctx, "nope", false),
+		"disconnect": h.s.Disconnect(h.ctx, "nope", presence.Closed),
+	} {
+		if !errors.Is(err, store.ErrUnknownConn) {
+			t.Errorf("%s of an unknown connection: %v, want ErrUnknownConn", name, err)
+		}
+	}
+}
+
+func testDuplicateConnection(t *testing.T, h *harness) {
+	h.connect("c1", "bob", "web")
+	err := h.s.Connect(h.ctx, presence.Conn{ID: "c1", UserID: "eve", Device: "web", Node: "node-a"})
+	if !errors.Is(err, store.ErrDuplicateConn) {
+		t.Fatalf("duplicate connect: %v, want ErrDuplicateConn", err)
+	}
+	if p := h.presence("eve"); p.State != presence.Offline {
+		t.Fatalf("eve = %+v", p)
+	}
+}
+
+func testNeverSeenUser(t *testing.T, h *harness) {
+	p := h.presence("ghost")
+	if p.State != presence.Offline || p.Version != 0 || !p.LastSeen.IsZero() || p.ConnectionCount != 0 {
+		t.Fatalf("never seen = %+v", p)
+	}
+}
+
+func testMembership(t *testing.T, h *harness) {
+	for _, m := range [][2]string{{"t1", "bob"}, {"t1", "amy"}, {"t2", "bob"}, {"t1", "bob"}} {
+		if err := h.s.AddMember(h.ctx, m[0], m[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expectList(t, "teams of bob", must(h.s.TeamsOf(h.ctx, "bob")), "t1", "t2")
+	expectList(t, "members of t1", must(h.s.Members(h.ctx, "t1")), "amy", "bob")
+	if err := h.s.RemoveMember(h.ctx, "t1", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.s.RemoveMember(h.ctx, "t1", "nobody"); err != nil {
+		t.Fatal(err)
+	}
+	expectList(t, "teams of bob", must(h.s.TeamsOf(h.ctx, "bob")), "t2")
+	expectList(t, "members of t1", must(h.s.Members(h.ctx, "t1")), "amy")
+	expectList(t, "members of t9", must(h.s.Members(h.ctx, "t9")))
+}
+
+func testMembershipEvents(t *testing.T, h *harness) {
+	h.connect("c1", "bob", "web")
+	mustDo(t, h.s.AddMember(h.ctx, "t1", "bob"))
+	mustDo(t, h.s.AddMember(h.ctx, "t1", "bob")) // no second event
+	mustDo(t, h.s.AddMember(h.ctx, "t2", "bob"))
+	mustDo(t, h.s.RemoveMember(h.ctx, "t1", "bob"))
+	checkFor(t, time.Second, func() error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		var got []string
+		for _, m := range h.memberships {
+			got = append(got, fmt.Sprintf("%s %s %v %v %s v%d", m.Team, m.UserID, m.Joined, m.UserTeams, m.State, m.Version))
+		}
+		want := []string{
+			"t1 bob true [t1] online v1",
+			"t2 bob true [t1 t2] online v1",
+			"t1 bob false [t2] online v1",
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("membership events = %q, want %q", got, want)
+		}
+		return nil
+	})
+}
+
+func testChangeCarriesTeams(t *testing.T, h *harness) {
+	mustDo(t, h.s.AddMember(h.ctx, "t2", "bob"))
+	mustDo(t, h.s.AddMember(h.ctx, "t1", "bob"))
+	h.connect("c1", "bob", "web")
+	h.expectHistory(time.Second, "bob=online")
+	h.mu.Lock()
+	teams := h.teamsOf["bob"]
+	h.mu.Unlock()
+	expectList(t, "teams on the change", teams, "t1", "t2")
+}
+
+func testVersionsIncrease(t *testing.T, h *harness) {
+	for i := 0; i < 3; i++ {
+		id := fmt.Sprint("c", i)
+		h.connect(id, "bob", "web")
+		h.status(id, false)
+		h.disconnect(id)
+		h.expectHistory(Grace+time.Second, repeat(i+1, "bob=online", "bob=away", "bob=offline")...)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, c := range h.changes {
+		if c.Version != uint64(i+1) {
+			t.Fatalf("change %d has version %d", i, c.Version)
+		}
+	}
+}
+
+func repeat(n int, s ...string) []string {
+	var out []string
+	for i := 0; i < n; i++ {
+		out = append(out, s...)
+	}
+	return out
+}
+
+func expectList(t *testing.T, what string, got []string, want ...string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Fatalf("%s = %q, want %q", what, got, want)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func mustDo(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkFor polls f until it returns nil or d has passed.
+func checkFor(t *testing.T, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
