@@ -60,6 +60,7 @@ const (
 	ClosePolicy         = 1008 // a flood, or bad frames that keep coming
 	CloseTooBig         = 1009
 	CloseServiceRestart = 1012
+	CloseTryAgainLater  = 1013 // a slow consumer, disconnected to protect the node
 	CloseTokenExpired   = 4001
 )
 
@@ -109,14 +110,31 @@ type HeartbeatAck struct {
 }
 
 // UserPresence is the full presence of one user, as queries return it.
-// A user the viewer may not see has only UserID and State "unknown".
+// A user the viewer may not see has only UserID and State "unknown"; for
+// every other user each field is present, LastSeen being null (nil) for a
+// user never seen.
 type UserPresence struct {
 	UserID          string   `json:"user_id"`
 	State           string   `json:"state"`
-	ConnectionCount *int     `json:"connection_count,omitempty"`
-	Devices         []string `json:"devices,omitempty"`
-	LastSeen        *int64   `json:"last_seen,omitempty"`
-	Version         *uint64  `json:"version,omitempty"`
+	ConnectionCount int      `json:"connection_count"`
+	Devices         []string `json:"devices"`
+	LastSeen        *int64   `json:"last_seen"`
+	Version         uint64   `json:"version"`
+}
+
+// MarshalJSON writes an unknown user as {"user_id","state"} alone.
+func (p UserPresence) MarshalJSON() ([]byte, error) {
+	if p.State == StateUnknown {
+		return json.Marshal(struct {
+			UserID string `json:"user_id"`
+			State  string `json:"state"`
+		}{p.UserID, p.State})
+	}
+	type plain UserPresence
+	if p.Devices == nil {
+		p.Devices = []string{}
+	}
+	return json.Marshal(plain(p))
 }
 
 // QueryResult answers a query frame.

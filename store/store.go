@@ -96,6 +96,12 @@ type MembershipEvent struct {
 	Version   uint64 // the user's current presence version
 }
 
+// Observable is implemented by stores that report outcomes to an Observer;
+// the server sets one before use.
+type Observable interface {
+	SetObserver(o Observer)
+}
+
 // Observer receives what each store operation did, for metrics.
 type Observer interface {
 	ObserveOutcome(op string, out presence.Outcome, took time.Duration)

@@ -41,8 +41,9 @@ type Store struct {
 }
 
 var (
-	_ store.Store  = (*Store)(nil)
-	_ store.Pinger = (*Store)(nil)
+	_ store.Store      = (*Store)(nil)
+	_ store.Pinger     = (*Store)(nil)
+	_ store.Observable = (*Store)(nil)
 )
 
 // New returns an empty Store.
@@ -74,6 +75,9 @@ func (s *Store) Subscribe(h store.Handler) {
 	s.handler = h
 	s.emitMu.Unlock()
 }
+
+// SetObserver implements store.Observable. Call it before use.
+func (s *Store) SetObserver(o store.Observer) { s.obs = o }
 
 // Ping implements store.Pinger: memory is always there.
 func (s *Store) Ping(context.Context) error { return nil }

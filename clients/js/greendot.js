@@ -1,0 +1,541 @@
+// greendot.js: the JavaScript client of greendot's WebSocket presence protocol (v1).
+//
+// One ES module for browsers and Node 20+, no build step and no dependency.
+// Node 20 has no global WebSocket: pass one (the `ws` package's) as the
+// `WebSocket` option. docs/clients.md describes the behaviour; greendot.d.ts
+// the types.
+//
+// The module touches no browser global at import time, so it is safe to import
+// in Node, in workers and during server-side rendering.
+
+/** Connection states reported to onState listeners. */
+export const ConnectionState = Object.freeze({
+  CONNECTING: 'connecting', // the first attempt is under way
+  OPEN: 'open', // the server's welcome has arrived
+  RECONNECTING: 'reconnecting', // lost: waiting for the next attempt, or making it
+  CLOSED: 'closed', // close() was called; nothing more happens
+});
+
+/** WebSocket close codes the server uses (docs/protocol.md). */
+export const CloseCode = Object.freeze({
+  NORMAL: 1000,
+  UNSUPPORTED: 1003,
+  POLICY: 1008,
+  TOO_BIG: 1009,
+  SERVICE_RESTART: 1012,
+  TOKEN_EXPIRED: 4001,
+});
+
+const MAX_QUERY_IDS = 500;
+const DEFAULTS = Object.freeze({
+  device: 'web',
+  heartbeatJitter: [0.7, 1.0],
+  reconnectBaseMs: 1000,
+  reconnectMaxMs: 30000,
+  stableAfterMs: 10000,
+  restartJitterMs: 1000,
+  queryTimeoutMs: 10000,
+  idleAfterMs: 5 * 60 * 1000,
+});
+
+const ACTIVITY_EVENTS = ['mousemove', 'mousedown', 'keydown', 'touchstart', 'wheel', 'scroll', 'pointerdown'];
+
+/**
+ * A connection to a greendot server that keeps itself alive: it heartbeats
+ * with jitter, reconnects with backoff and keeps a local map of the presence
+ * of every user who shares a team with the viewer.
+ */
+export class GreendotClient {
+  /** @param {object} [options] ClientOptions in greendot.d.ts */
+  constructor(options = {}) {
+    const o = { ...DEFAULTS, ...options };
+    this._WebSocket = o.WebSocket ?? globalThis.WebSocket;
+    if (typeof this._WebSocket !== 'function') {
+      throw new TypeError('greendot: no WebSocket here; pass one as the WebSocket option (in Node 20: import { WebSocket } from "ws")');
+    }
+    if (o.token != null && typeof o.token !== 'string' && typeof o.token !== 'function') {
+      throw new TypeError('greendot: token must be a string or a function returning one');
+    }
+    const [jlo, jhi] = o.heartbeatJitter;
+    if (!(jlo > 0 && jlo <= jhi && jhi <= 1)) {
+      throw new RangeError('greendot: heartbeatJitter must be [lo, hi] with 0 < lo <= hi <= 1');
+    }
+    if (!(o.reconnectBaseMs > 0 && o.reconnectMaxMs >= o.reconnectBaseMs)) {
+      throw new RangeError('greendot: need 0 < reconnectBaseMs <= reconnectMaxMs');
+    }
+    this._url = connectURL(o.url);
+    this._device = o.device;
+    this._token = o.token;
+    this._user = o.user;
+    this._jitter = [jlo, jhi];
+    this._baseMs = o.reconnectBaseMs;
+    this._maxMs = o.reconnectMaxMs;
+    this._stableAfterMs = o.stableAfterMs;
+    this._restartJitterMs = o.restartJitterMs;
+    this._queryTimeoutMs = o.queryTimeoutMs;
+    this._random = o.random ?? Math.random;
+    this._idleAfterMs = o.idleAfterMs;
+    this._idleOption = o.idle ?? 'auto';
+
+    this._listeners = { change: new Set(), state: new Set(), error: new Set() };
+    this._presence = new Map(); // user id → { userId, state, version, at }
+    this._queries = new Map(); // query id → { frame, resolve, reject, timer }
+    this._querySeq = 0;
+    this._heartbeatSeq = 0;
+
+    this._state = ConnectionState.CLOSED;
+    this._ws = null;
+    this._generation = 0; // bumps on every attempt: stale socket events are ignored
+    this._attempt = 0; // consecutive failed attempts, for the backoff
+    this._openedAt = 0;
+    this._lastFrameAt = 0;
+    this._restartAt = 0; // from a reconnect frame: when to come back
+    this._heartbeatTimer = null;
+    this._reconnectTimer = null;
+    this._restartTimer = null; // leaves by itself should a drain not close the socket
+    this._wanted = false; // between connect() and close()
+
+    this._manualStatus = 'online';
+    this._idle = false;
+    this._sentStatus = 'online'; // what the server believes for this connection
+    this._idleCleanup = null;
+
+    this.userId = null;
+    this.connectionId = null;
+    this.heartbeatIntervalMs = null;
+    this.ttlMs = null;
+  }
+
+  /** The connection state: connecting, open, reconnecting or closed. */
+  get state() { return this._state; }
+
+  /** The status this device reports: 'away' when set away or idle, else 'online'. */
+  get status() { return this._manualStatus === 'away' || this._idle ? 'away' : 'online'; }
+
+  /** Starts connecting (once; later calls do nothing until close()). Returns this. */
+  connect() {
+    if (this._wanted) return this;
+    this._wanted = true;
+    this._attempt = 0;
+    this._startIdleDetection();
+    this._setState(ConnectionState.CONNECTING, {});
+    this._dial();
+    return this;
+  }
+
+  /** Closes the connection for good: no reconnect, pending queries rejected. */
+  close() {
+    if (!this._wanted) return;
+    this._wanted = false;
+    this._generation++;
+    clearTimeout(this._reconnectTimer);
+    clearTimeout(this._heartbeatTimer);
+    clearTimeout(this._restartTimer);
+    this._reconnectTimer = this._heartbeatTimer = this._restartTimer = null;
+    if (this._idleCleanup) { this._idleCleanup(); this._idleCleanup = null; }
+    const ws = this._ws;
+    this._ws = null;
+    if (ws) { detach(ws); try { ws.close(CloseCode.NORMAL, 'client closed'); } catch { /* already closing */ } }
+    for (const [id, q] of this._queries) {
+      clearTimeout(q.timer);
+      q.reject(new Error('greendot: client closed'));
+      this._queries.delete(id);
+    }
+    this._setState(ConnectionState.CLOSED, {});
+  }
+
+  /** The presence of one user as last heard, or undefined. */
+  get(userId) {
+    const p = this._presence.get(userId);
+    return p && { ...p };
+  }
+
+  /** Every user whose presence this client holds (offline ones included until the next snapshot). */
+  all() {
+    return [...this._presence.values()].map((p) => ({ ...p }));
+  }
+
+  /** cb(changes) runs with an array of applied changes. Returns an unsubscribe function. */
+  onChange(cb) { return this._on('change', cb); }
+
+  /** cb(state, info) runs on every connection state change. Returns an unsubscribe function. */
+  onState(cb) { return this._on('state', cb); }
+
+  /** cb(error) runs on error frames from the server and on failed attempts. Returns an unsubscribe function. */
+  onError(cb) { return this._on('error', cb); }
+
+  /** Marks this device active ('online') or idle ('away'); kept across reconnects. */
+  setStatus(state) {
+    if (state !== 'online' && state !== 'away') {
+      throw new RangeError(`greendot: status must be "online" or "away", not ${JSON.stringify(state)}`);
+    }
+    this._manualStatus = state;
+    this._syncStatus();
+  }
+
+  /**
+   * Asks the server for the full presence of up to 500 users. Resolves with
+   * the query_result users (camelCased); waits for the connection if needed.
+   */
+  query(userIds) {
+    if (!Array.isArray(userIds) || userIds.some((u) => typeof u !== 'string')) {
+      return Promise.reject(new TypeError('greendot: query takes an array of user ids'));
+    }
+    if (userIds.length > MAX_QUERY_IDS) {
+      return Promise.reject(new RangeError(`greendot: a query takes at most ${MAX_QUERY_IDS} user ids`));
+    }
+    if (!this._wanted) return Promise.reject(new Error('greendot: client is not connected; call connect() first'));
+    const id = `q${++this._querySeq}`;
+    return new Promise((resolve, reject) => {
+      const frame = { type: 'query', id, user_ids: userIds };
+      const timer = setTimeout(() => {
+        this._queries.delete(id);
+        reject(new Error(`greendot: query ${id} timed out after ${this._queryTimeoutMs} ms`));
+      }, this._queryTimeoutMs);
+      this._queries.set(id, { frame, resolve, reject, timer });
+      if (this._state === ConnectionState.OPEN) this._send(frame);
+      // Otherwise it is sent when the next welcome arrives.
+    });
+  }
+
+  // ——— connection ———
+
+  async _dial() {
+    const gen = ++this._generation;
+    let token;
+    if (typeof this._token === 'function') {
+      try {
+        token = await this._token();
+      } catch (err) {
+        if (gen !== this._generation || !this._wanted) return;
+        this._emitError({ code: 'token', message: `token function failed: ${err?.message ?? err}`, cause: err });
+        this._scheduleReconnect(this._backoffDelay(), { reason: 'token function failed' });
+        return;
+      }
+      if (gen !== this._generation || !this._wanted) return;
+    } else {
+      token = this._token;
+    }
+    const url = new URL(this._url);
+    url.searchParams.set('device', this._device);
+    if (token) url.searchParams.set('token', token);
+    if (this._user != null && !token) url.searchParams.set('user', this._user);
+
+    let ws;
+    try {
+      ws = new this._WebSocket(url.toString());
+    } catch (err) {
+      this._emitError({ code: 'connect', message: `cannot open ${url.origin}: ${err?.message ?? err}`, cause: err });
+      this._scheduleReconnect(this._backoffDelay(), { reason: 'cannot open' });
+      return;
+    }
+    this._ws = ws;
+    this._restartAt = 0;
+    clearTimeout(this._restartTimer);
+    this._restartTimer = null;
+    ws.onmessage = (ev) => { if (gen === this._generation) this._onMessage(ev.data); };
+    ws.onclose = (ev) => { if (gen === this._generation) this._onClose(ev.code, ev.reason); };
+    ws.onerror = () => { /* a close event always follows */ };
+  }
+
+  _onMessage(data) {
+    this._lastFrameAt = Date.now();
+    if (typeof data !== 'string') {
+      if (typeof Buffer !== 'undefined' && Buffer.isBuffer?.(data)) data = data.toString('utf8');
+      else return; // the protocol has text frames only
+    }
+    let f;
+    try { f = JSON.parse(data); } catch { return; }
+    if (!f || typeof f !== 'object') return;
+    switch (f.type) {
+      case 'welcome': return this._onWelcome(f);
+      case 'snapshot': return this._onSnapshot(f.users ?? []);
+      case 'presence': return this._applyChanges(f.changes ?? []);
+      case 'query_result': return this._onQueryResult(f);
+      case 'reconnect': return this._onReconnectFrame(f);
+      case 'error': return this._emitError({ code: f.code, message: f.message });
+      case 'heartbeat_ack': return undefined;
+      default: return undefined; // newer servers may add frame types
+    }
+  }
+
+  _onWelcome(f) {
+    this.userId = f.user_id;
+    this.connectionId = f.connection_id;
+    this.heartbeatIntervalMs = f.heartbeat_interval_ms > 0 ? f.heartbeat_interval_ms : 10000;
+    this.ttlMs = f.ttl_ms > 0 ? f.ttl_ms : this.heartbeatIntervalMs * 2.5;
+    this._openedAt = Date.now();
+    this._sentStatus = 'online'; // a new connection starts active
+    this._setState(ConnectionState.OPEN, { userId: this.userId, connectionId: this.connectionId });
+    this._syncStatus();
+    for (const q of this._queries.values()) this._send(q.frame);
+    this._scheduleHeartbeat();
+  }
+
+  _onClose(code, reason) {
+    const ws = this._ws;
+    this._ws = null;
+    if (ws) detach(ws);
+    clearTimeout(this._heartbeatTimer);
+    this._heartbeatTimer = null;
+    const wasOpen = this._state === ConnectionState.OPEN;
+    if (!this._wanted) return;
+    const now = Date.now();
+    const stable = wasOpen && now - this._openedAt >= this._stableAfterMs;
+    let delay;
+    if (this._restartAt > 0 || code === CloseCode.SERVICE_RESTART) {
+      // A draining node told us when to come back; otherwise spread a little.
+      delay = this._restartAt > 0 ? Math.max(0, this._restartAt - now) : this._random() * this._restartJitterMs;
+      this._attempt = 0;
+    } else if (code === CloseCode.TOKEN_EXPIRED) {
+      // Not a failure: fetch a fresh token (the function runs on every dial) and come back soon.
+      this._attempt = 0;
+      delay = this._random() * Math.min(this._baseMs, 250);
+    } else if (code === CloseCode.POLICY) {
+      // We misbehaved (or were taken for a flood): back off, never reset.
+      delay = Math.max(this._baseMs * 4, this._backoffDelay());
+    } else {
+      if (stable) this._attempt = 0;
+      delay = this._backoffDelay();
+    }
+    this._scheduleReconnect(Math.round(delay), { code, reason: reason || undefined });
+  }
+
+  _backoffDelay() {
+    // Full jitter: uniform in [0, min(max, base·2^attempt)].
+    const cap = Math.min(this._maxMs, this._baseMs * 2 ** Math.min(this._attempt, 30));
+    this._attempt++;
+    return Math.round(this._random() * cap);
+  }
+
+  _scheduleReconnect(delayMs, info) {
+    clearTimeout(this._reconnectTimer);
+    this._setState(ConnectionState.RECONNECTING, { ...info, delayMs, attempt: this._attempt });
+    this._reconnectTimer = setTimeout(() => {
+      this._reconnectTimer = null;
+      if (this._wanted) this._dial();
+    }, delayMs);
+  }
+
+  _onReconnectFrame(f) {
+    const after = Math.max(0, Number(f.after_ms) || 0);
+    const jitter = this._random() * Math.min(1000, Math.max(100, after / 10));
+    this._restartAt = Date.now() + after + jitter;
+    // The server closes with 1012 next. Should it not, leave by ourselves in time.
+    const ws = this._ws;
+    const gen = this._generation;
+    clearTimeout(this._restartTimer);
+    this._restartTimer = setTimeout(() => {
+      this._restartTimer = null;
+      if (gen === this._generation && this._ws === ws && ws) {
+        try { ws.close(CloseCode.NORMAL, 'reconnect advised'); } catch { /* closing */ }
+        this._onClose(CloseCode.SERVICE_RESTART, 'reconnect advised');
+      }
+    }, after + jitter + 2000);
+  }
+
+  // ——— heartbeats ———
+
+  _scheduleHeartbeat() {
+    clearTimeout(this._heartbeatTimer);
+    const [lo, hi] = this._jitter;
+    const gap = this.heartbeatIntervalMs * (lo + (hi - lo) * this._random());
+    const gen = this._generation;
+    this._heartbeatTimer = setTimeout(() => {
+      if (gen !== this._generation || this._state !== ConnectionState.OPEN) return;
+      // A server that sent nothing (not even an ack) for a whole ttl is gone.
+      if (Date.now() - this._lastFrameAt > this.ttlMs + this.heartbeatIntervalMs) {
+        const ws = this._ws;
+        try { ws?.close(4000, 'server silent'); } catch { /* closing */ }
+        this._onClose(1006, 'server silent');
+        return;
+      }
+      this._send({ type: 'heartbeat', id: ++this._heartbeatSeq });
+      this._scheduleHeartbeat();
+    }, gap);
+  }
+
+  _send(frame) {
+    const ws = this._ws;
+    if (!ws || ws.readyState !== 1) return false;
+    try { ws.send(JSON.stringify(frame)); return true; } catch { return false; }
+  }
+
+  // ——— presence map ———
+
+  _onSnapshot(users) {
+    const seen = new Set();
+    const changes = [];
+    const now = Date.now();
+    for (const u of users) {
+      if (!u || typeof u.user_id !== 'string') continue;
+      seen.add(u.user_id);
+      const prev = this._presence.get(u.user_id);
+      const next = { userId: u.user_id, state: u.state, version: u.version, at: prev?.state === u.state ? prev.at : now };
+      this._presence.set(u.user_id, next);
+      if (!prev || prev.state !== u.state) changes.push({ ...next, previous: prev?.state ?? null });
+    }
+    // A snapshot replaces: whoever it leaves out is offline. Their entries go, so
+    // that versions restarting (a fresh single-node server) are accepted again.
+    for (const [id, prev] of this._presence) {
+      if (seen.has(id)) continue;
+      this._presence.delete(id);
+      if (prev.state !== 'offline') changes.push({ userId: id, state: 'offline', version: prev.version, at: now, previous: prev.state });
+    }
+    this._emitChanges(changes);
+  }
+
+  _applyChanges(list) {
+    const changes = [];
+    for (const c of list) {
+      if (!c || typeof c.user_id !== 'string' || typeof c.version !== 'number') continue;
+      const prev = this._presence.get(c.user_id);
+      if (prev && !(c.version > prev.version)) continue; // not newer: drop
+      const next = { userId: c.user_id, state: c.state, version: c.version, at: c.at ?? Date.now() };
+      this._presence.set(c.user_id, next);
+      changes.push({ ...next, previous: prev?.state ?? null });
+    }
+    this._emitChanges(changes);
+  }
+
+  _onQueryResult(f) {
+    const q = this._queries.get(f.id);
+    if (!q) return;
+    this._queries.delete(f.id);
+    clearTimeout(q.timer);
+    q.resolve((f.users ?? []).map(userPresence));
+  }
+
+  // ——— status and idle detection ———
+
+  _syncStatus() {
+    const want = this.status;
+    if (this._state !== ConnectionState.OPEN || want === this._sentStatus) return;
+    if (this._send({ type: 'status', state: want })) this._sentStatus = want;
+  }
+
+  _startIdleDetection() {
+    const opt = this._idleOption;
+    if (opt === false || this._idleCleanup) return;
+    const env = typeof opt === 'object' && opt !== null ? opt : {
+      window: globalThis.window,
+      document: globalThis.document,
+    };
+    const win = env.window;
+    const doc = env.document;
+    if (!win || !doc || typeof win.addEventListener !== 'function') {
+      if (opt === true) throw new Error('greendot: idle detection needs window and document');
+      return; // 'auto' outside a browser: nothing to watch
+    }
+    let lastActivity = Date.now();
+    let timer = null;
+    const setIdle = (idle) => {
+      if (this._idle === idle) return;
+      this._idle = idle;
+      this._syncStatus();
+    };
+    const check = () => {
+      timer = null;
+      if (doc.hidden) return setIdle(true);
+      const left = this._idleAfterMs - (Date.now() - lastActivity);
+      if (left <= 0) return setIdle(true);
+      timer = setTimeout(check, left);
+    };
+    const arm = () => { if (!timer) timer = setTimeout(check, this._idleAfterMs - (Date.now() - lastActivity)); };
+    const onActivity = () => {
+      lastActivity = Date.now();
+      if (!doc.hidden) setIdle(false);
+      arm();
+    };
+    const onVisibility = () => {
+      if (doc.hidden) {
+        setIdle(true);
+      } else {
+        onActivity();
+      }
+    };
+    const opts = { capture: true, passive: true };
+    for (const ev of ACTIVITY_EVENTS) win.addEventListener(ev, onActivity, opts);
+    doc.addEventListener('visibilitychange', onVisibility);
+    if (doc.hidden) setIdle(true);
+    arm();
+    this._idleCleanup = () => {
+      clearTimeout(timer);
+      for (const ev of ACTIVITY_EVENTS) win.removeEventListener(ev, onActivity, opts);
+      doc.removeEventListener('visibilitychange', onVisibility);
+      this._idle = false;
+    };
+  }
+
+  // ——— events ———
+
+  _on(name, cb) {
+    if (typeof cb !== 'function') throw new TypeError('greendot: listener must be a function');
+    this._listeners[name].add(cb);
+    return () => { this._listeners[name].delete(cb); };
+  }
+
+  _emit(name, ...args) {
+    for (const cb of [...this._listeners[name]]) {
+      try { cb(...args); } catch (err) { reportListenerError(err); }
+    }
+  }
+
+  _emitChanges(changes) { if (changes.length) this._emit('change', changes); }
+
+  _emitError(err) { this._emit('error', err); }
+
+  _setState(state, info) {
+    const prev = this._state;
+    // The first attempt is 'connecting'; every attempt after a loss stays 'reconnecting'.
+    if (prev === state && state !== ConnectionState.RECONNECTING) return;
+    this._state = state;
+    this._emit('state', state, { ...info, previous: prev });
+  }
+}
+
+/** Creates a client and connects it: `const gd = connect({ user: 'alice' })`. */
+export function connect(options) {
+  return new GreendotClient(options).connect();
+}
+
+function userPresence(u) {
+  const out = { userId: u.user_id, state: u.state };
+  if (u.connection_count !== undefined) out.connectionCount = u.connection_count;
+  if (u.devices !== undefined) out.devices = u.devices;
+  if (u.last_seen !== undefined) out.lastSeen = u.last_seen;
+  if (u.version !== undefined) out.version = u.version;
+  return out;
+}
+
+// connectURL turns what the caller gave (nothing, a page origin, http(s) or
+// ws(s) URL, with or without the path) into the ws(s)://…/v1/connect URL.
+function connectURL(given) {
+  const loc = globalThis.location;
+  let u;
+  if (given == null || given === '') {
+    if (!loc?.host) throw new TypeError('greendot: url is required outside a browser page');
+    u = new URL(loc.href);
+    u.search = '';
+    u.hash = '';
+    u.pathname = '/';
+  } else {
+    u = new URL(String(given), loc?.href);
+  }
+  if (u.protocol === 'http:') u.protocol = 'ws:';
+  else if (u.protocol === 'https:') u.protocol = 'wss:';
+  else if (u.protocol !== 'ws:' && u.protocol !== 'wss:') throw new TypeError(`greendot: unsupported url scheme ${u.protocol}`);
+  if (!u.pathname.endsWith('/v1/connect')) u.pathname = u.pathname.replace(/\/+$/, '') + '/v1/connect';
+  return u.toString();
+}
+
+function detach(ws) {
+  ws.onmessage = ws.onclose = null;
+  ws.onerror = () => {}; // a late error must not become an unhandled 'error' event
+}
+
+function reportListenerError(err) {
+  // A listener's bug must not break the client nor the other listeners.
+  if (typeof globalThis.reportError === 'function') globalThis.reportError(err);
+  else console.error('greendot: a listener threw', err);
+}

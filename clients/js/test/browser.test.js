@@ -1,0 +1,145 @@
+// End to end: the demo page in Debian's Chromium (driven by playwright-core,
+// which never downloads a browser here), served by a real `greendot serve`.
+//
+// Screenshots go to $GREENDOT_SCREENSHOT_DIR (default: the OS temp dir).
+
+import { describe, test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { startServer, waitFor } from './helpers.js';
+
+const CHROMIUM = process.env.GREENDOT_CHROMIUM || '/usr/bin/chromium';
+const ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+  '--disable-background-networking', '--disable-component-update', '--disable-sync'];
+const COLORS = { online: 'rgb(34, 197, 94)', away: 'rgb(234, 179, 8)', offline: 'rgb(156, 163, 175)' };
+const shotDir = process.env.GREENDOT_SCREENSHOT_DIR || os.tmpdir();
+const NO_CHROMIUM = `no Chromium at ${CHROMIUM}: the browser test needs Debian's package, ` +
+  'install it with `apt-get install -y chromium` (the tests never download a browser)';
+
+// Counted as a failed test (not only a failed hook) so that a missing browser can never pass unnoticed.
+test(`Chromium is installed at ${CHROMIUM}`, () => {
+  assert.ok(fs.existsSync(CHROMIUM), NO_CHROMIUM);
+});
+
+describe('demo page in Chromium', { timeout: 120000 }, () => {
+  let server;
+  let browser;
+  let alice; // alice's page, open through every test
+  const pageErrors = [];
+
+  before(async () => {
+    if (!fs.existsSync(CHROMIUM)) throw new Error(NO_CHROMIUM);
+    const { chromium } = await import('playwright-core');
+    server = await startServer();
+    // launch() gives Chromium a fresh, temporary --user-data-dir of its own.
+    browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ARGS });
+    alice = await openAs('alice');
+    await alice.waitForSelector('#conn[data-state="open"]', { timeout: 10000 });
+  });
+
+  after(async () => {
+    await browser?.close();
+    await server?.stop();
+  });
+
+  async function openAs(user, query = '') {
+    const ctx = await browser.newContext({ viewport: { width: 760, height: 640 } });
+    const page = await ctx.newPage();
+    page.on('pageerror', (err) => pageErrors.push(`${user}: ${err.message}`));
+    const res = await page.goto(`${server.http}/?user=${encodeURIComponent(user)}${query}`);
+    assert.equal(res.status(), 200, `GET / for ${user}`);
+    return page;
+  }
+
+  /** The state and dot colour of user's row on page, or null without a row. */
+  function row(page, user) {
+    return page.evaluate((u) => {
+      const li = document.querySelector(`#roster li[data-user="${CSS.escape(u)}"]`);
+      if (!li) return null;
+      return {
+        state: li.dataset.state,
+        color: getComputedStyle(li.querySelector('.dot')).backgroundColor,
+        detail: li.querySelector('.detail').textContent,
+      };
+    }, user);
+  }
+
+  async function expectDot(page, user, state, timeout = 5000) {
+    // The dot fades over .2 s: wait for the final colour too.
+    await waitFor(async () => {
+      const r = await row(page, user);
+      return r?.state === state && r.color === COLORS[state];
+    }, { timeout, interval: 50, message: async () => `${user}'s dot ${state} (${COLORS[state]}) on the page; row is ${JSON.stringify(await row(page, user))}` });
+  }
+
+  async function screenshot(t, page, name) {
+    fs.mkdirSync(shotDir, { recursive: true });
+    const file = path.join(shotDir, `greendot-demo-${name}.png`);
+    await page.screenshot({ path: file, fullPage: true });
+    t.diagnostic(`screenshot: ${file}`);
+    console.log(`screenshot saved to ${file}`);
+  }
+
+  test('the page serves the client and connects alice', async () => {
+    const res = await fetch(`${server.http}/greendot.js`);
+    assert.equal(res.status, 200);
+    assert.match(res.headers.get('content-type') ?? '', /javascript/);
+    assert.match(await res.text(), /export class GreendotClient/);
+    await expectDot(alice, 'alice', 'online');
+    assert.equal(await alice.textContent('#conn'), 'open');
+    const joined = await (await fetch(`${server.http}/v1/teams/demo/presence`)).json();
+    assert.ok(joined.member_count >= 1);
+    assert.ok(joined.online.some((u) => u.user_id === 'alice'));
+  });
+
+  test('bob joins: green on alice’s page, away: yellow, page closed: grey after the grace', async (t) => {
+    const bob = await openAs('bob');
+    await expectDot(alice, 'bob', 'online');
+    await expectDot(bob, 'alice', 'online'); // and the other way round
+    await waitFor(async () => (await row(alice, 'bob')).detail.includes('web'), { message: 'bob’s device listed' });
+
+    await bob.click('#away');
+    await expectDot(alice, 'bob', 'away');
+    assert.equal(await bob.getAttribute('#away', 'aria-pressed'), 'true');
+    await expectDot(bob, 'bob', 'away'); // bob's own row
+    await screenshot(t, alice, 'bob-away');
+
+    await bob.click('#away'); // back
+    await expectDot(alice, 'bob', 'online');
+
+    const closedAt = Date.now();
+    await bob.context().close();
+    await expectDot(alice, 'bob', 'offline', 5000);
+    const took = Date.now() - closedAt;
+    assert.ok(took >= 250, `grey only after the 300 ms grace (took ${took} ms)`);
+    await waitFor(async () => /last seen/.test((await row(alice, 'bob')).detail), { message: '“last seen” for bob' });
+    await screenshot(t, alice, 'bob-offline');
+  });
+
+  test('idle detection turns a silent tab yellow; input turns it green', async () => {
+    const carol = await openAs('carol', '&idle=2500');
+    await expectDot(alice, 'carol', 'online');
+    await expectDot(alice, 'carol', 'away', 8000); // nobody touches carol's tab
+    assert.equal(await carol.textContent('#idle-after'), '2.5 s');
+    await carol.mouse.move(40, 40);
+    await carol.mouse.move(120, 90);
+    await expectDot(alice, 'carol', 'online');
+    await carol.context().close();
+    await expectDot(alice, 'carol', 'offline');
+  });
+
+  test('“open another device as another user” opens a tab as someone else', async () => {
+    const popupP = alice.context().waitForEvent('page');
+    await alice.click('#another');
+    const popup = await popupP;
+    await popup.waitForLoadState();
+    const other = new URL(popup.url()).searchParams.get('user');
+    assert.ok(other && other !== 'alice', `popup user ${other}`);
+    await expectDot(alice, other, 'online');
+    await popup.close();
+    await expectDot(alice, other, 'offline');
+    assert.deepEqual(pageErrors, [], 'no uncaught errors on any page');
+  });
+});

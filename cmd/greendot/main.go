@@ -1,0 +1,208 @@
+// Command greendot is the presence server.
+//
+//	greendot serve [flags]              run a node
+//	greendot token --secret S --user U  print a signed client token
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/greendot/greendot"
+	"github.com/greendot/greendot/server"
+	"github.com/greendot/greendot/store"
+	"github.com/greendot/greendot/store/memstore"
+)
+
+const usage = `greendot: a presence server
+
+usage:
+  greendot serve [flags]               run a node (greendot serve -h lists the flags)
+  greendot token --secret S --user U   print a signed client token (HS256 JWT)
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:], os.Stderr)
+	case "token":
+		err = token(os.Args[2:], os.Stdout)
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "greendot: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "greendot:", err)
+		os.Exit(1)
+	}
+}
+
+type serveOptions struct {
+	addr              string
+	storeKind         string
+	redisURL          string
+	nodeID            string
+	ttl               time.Duration
+	heartbeatInterval time.Duration
+	grace             time.Duration
+	jwtSecret         string
+	apiKey            string
+	logLevel          string
+}
+
+func serveFlags(o *serveOptions) *flag.FlagSet {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.StringVar(&o.addr, "addr", ":8080", "listen address (WebSocket, HTTP API, metrics, demo page)")
+	fs.StringVar(&o.storeKind, "store", "memory", "memory (embedded, one node) or redis")
+	fs.StringVar(&o.redisURL, "redis-url", "", "redis://[user:pass@]host:port[/db]")
+	fs.StringVar(&o.nodeID, "node-id", "", "this node's name among many (default hostname + random)")
+	fs.DurationVar(&o.ttl, "ttl", 25*time.Second, "a connection that sends nothing for this long is dead")
+	fs.DurationVar(&o.heartbeatInterval, "heartbeat-interval", 10*time.Second, "how often clients are told to heartbeat")
+	fs.DurationVar(&o.grace, "offline-grace", 5*time.Second, "how long a user with no connection left stays online")
+	fs.StringVar(&o.jwtSecret, "jwt-secret", "", "HS256 secret for client tokens; unset = dev mode")
+	fs.StringVar(&o.apiKey, "api-key", "", "bearer key required on the HTTP API (all /v1 routes but /v1/connect)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	return fs
+}
+
+// parseWithEnv parses args; a flag not given reads GREENDOT_<FLAG> instead.
+func parseWithEnv(fs *flag.FlagSet, args []string, getenv func(string) string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || err != nil {
+			return
+		}
+		env := "GREENDOT_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(env); v != "" {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("%s=%q: %v", env, v, e)
+			}
+		}
+	})
+	return err
+}
+
+func (o *serveOptions) validate() error {
+	switch {
+	case o.ttl <= 0:
+		return fmt.Errorf("--ttl must be positive, got %v", o.ttl)
+	case o.heartbeatInterval <= 0:
+		return fmt.Errorf("--heartbeat-interval must be positive, got %v", o.heartbeatInterval)
+	case o.ttl <= o.heartbeatInterval:
+		return fmt.Errorf("--ttl (%v) must exceed --heartbeat-interval (%v)", o.ttl, o.heartbeatInterval)
+	case o.grace < 0:
+		return fmt.Errorf("--offline-grace must not be negative, got %v", o.grace)
+	}
+	switch o.storeKind {
+	case "memory":
+	case "redis":
+		if o.redisURL == "" {
+			return errors.New("--store redis needs --redis-url")
+		}
+		return errors.New("--store redis is not available in this version yet; use --store memory")
+	default:
+		return fmt.Errorf("unknown --store %q (memory or redis)", o.storeKind)
+	}
+	return nil
+}
+
+func serve(args []string, stderr io.Writer) error {
+	var o serveOptions
+	fs := serveFlags(&o)
+	fs.SetOutput(stderr)
+	if err := parseWithEnv(fs, args, os.Getenv); err != nil {
+		return err
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %v", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if o.nodeID == "" {
+		host, _ := os.Hostname()
+		o.nodeID = host + "-" + randomSuffix()
+	}
+
+	var st store.Store
+	ms, err := memstore.New(memstore.Config{TTL: o.ttl, Grace: o.grace})
+	if err != nil {
+		return err
+	}
+	st = ms
+
+	srv, err := server.New(server.Config{
+		Addr:              o.addr,
+		Store:             st,
+		NodeID:            o.nodeID,
+		TTL:               o.ttl,
+		HeartbeatInterval: o.heartbeatInterval,
+		Grace:             o.grace,
+		JWTSecret:         o.jwtSecret,
+		APIKey:            o.apiKey,
+		Static:            greendot.DemoHandler(),
+		Logger:            log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := srv.Start(); err != nil {
+		return err
+	}
+	base := "localhost" + o.addr
+	if !strings.HasPrefix(o.addr, ":") {
+		base = o.addr
+	}
+	log.Info("greendot serving", "addr", o.addr, "store", o.storeKind, "node", o.nodeID,
+		"ttl", o.ttl, "heartbeat_interval", o.heartbeatInterval, "offline_grace", o.grace)
+	if srv.DevMode() {
+		log.Warn("DEV MODE: no --jwt-secret set, so ANY client may connect as ANY user with ?user=<id>. Never run this in production.")
+		fmt.Fprintf(stderr, "\n  demo page:  http://%s/\n  connect:    ws://%s/v1/connect?user=alice\n  metrics:    http://%s/metrics\n\n", base, base, base)
+	}
+	if o.apiKey == "" {
+		log.Warn("no --api-key set: the HTTP API (/v1/users, /v1/teams, /v1/presence) is open to anyone who can reach it")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	<-ctx.Done()
+	stop()
+	log.Info("draining: telling clients to reconnect elsewhere")
+	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}

@@ -1,0 +1,206 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
+	"github.com/greendot/greendot/store"
+)
+
+// api wraps an HTTP API handler with the API key check, a store deadline and
+// JSON errors.
+func (s *Server) api(h func(ctx context.Context, w http.ResponseWriter, r *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !apiKeyOK(s.cfg.APIKey, r) {
+			writeError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, "missing or wrong API key (Authorization: Bearer <key>)")
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		defer cancel()
+		if err := h(ctx, w, r); err != nil {
+			var he *httpError
+			if errors.As(err, &he) {
+				writeError(w, he.status, he.code, he.message)
+				return
+			}
+			s.log.Error("api", "path", r.URL.Path, "err", err)
+			writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "store unavailable")
+		}
+	}
+}
+
+// httpError is a client-facing error: its message is safe to show.
+type httpError struct {
+	status  int
+	code    string
+	message string
+}
+
+func (e *httpError) Error() string { return e.message }
+
+func badRequest(msg string) error {
+	return &httpError{status: http.StatusBadRequest, code: protocol.CodeBadRequest, message: msg}
+}
+
+func pathID(r *http.Request, name string) (string, error) {
+	v := r.PathValue(name)
+	if !protocol.ValidID(v) {
+		return "", badRequest(errBadID(name).Error())
+	}
+	return v, nil
+}
+
+func (s *Server) handleUserPresence(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
+	user, err := pathID(r, "user")
+	if err != nil {
+		return err
+	}
+	ps, err := s.store.Presence(ctx, []string{user})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toUserPresence(ps[0]))
+	return nil
+}
+
+func (s *Server) handleQuery(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		UserIDs []string `json:"user_ids"`
+	}
+	body := http.MaxBytesReader(w, r.Body, 1<<20)
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(&req); err != nil {
+		return badRequest(`body must be {"user_ids":[…]}`)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return badRequest("body must hold one JSON object")
+	}
+	if req.UserIDs == nil {
+		return badRequest(`"user_ids" is required`)
+	}
+	if len(req.UserIDs) > protocol.MaxQueryIDs {
+		return &httpError{status: http.StatusBadRequest, code: protocol.CodeTooManyIDs, message: "at most 500 user ids"}
+	}
+	for _, id := range req.UserIDs {
+		if !protocol.ValidID(id) {
+			return badRequest(errBadID("user").Error())
+		}
+	}
+	ps, err := s.store.Presence(ctx, req.UserIDs)
+	if err != nil {
+		return err
+	}
+	out := struct {
+		Users []protocol.UserPresence `json:"users"`
+	}{Users: make([]protocol.UserPresence, len(ps))}
+	for i, p := range ps {
+		out.Users[i] = toUserPresence(p)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) handleTeamPresence(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
+	team, err := pathID(r, "team")
+	if err != nil {
+		return err
+	}
+	members, err := s.store.Members(ctx, team)
+	if err != nil {
+		return err
+	}
+	out := struct {
+		TeamID      string               `json:"team_id"`
+		MemberCount int                  `json:"member_count"`
+		Online      []protocol.UserState `json:"online"`
+	}{TeamID: team, MemberCount: len(members), Online: []protocol.UserState{}}
+	if len(members) > 0 {
+		ps, err := s.store.Presence(ctx, members)
+		if err != nil {
+			return err
+		}
+		for _, p := range ps {
+			if p.State != presence.Offline {
+				out.Online = append(out.Online, protocol.UserState{UserID: p.UserID, State: p.State.String(), Version: p.Version})
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) handleAddMember(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
+	return s.changeMembership(ctx, w, r, true)
+}
+
+func (s *Server) handleRemoveMember(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
+	return s.changeMembership(ctx, w, r, false)
+}
+
+func (s *Server) changeMembership(ctx context.Context, w http.ResponseWriter, r *http.Request, join bool) error {
+	team, err := pathID(r, "team")
+	if err != nil {
+		return err
+	}
+	user, err := pathID(r, "user")
+	if err != nil {
+		return err
+	}
+	err = s.timed(store.OpMembership, func() error {
+		if join {
+			return s.store.AddMember(ctx, team, user)
+		}
+		return s.store.RemoveMember(ctx, team, user)
+	})
+	if err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) handleHealthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "draining")
+		return
+	}
+	if p, ok := s.store.(store.Pinger); ok {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := p.Ping(ctx); err != nil {
+			writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "store unreachable")
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":{"code":"internal","message":"encoding failed"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	type body struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}
+	writeJSON(w, status, struct {
+		Error body `json:"error"`
+	}{body{code, message}})
+}

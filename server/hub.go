@@ -1,0 +1,397 @@
+package server
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
+	"github.com/greendot/greendot/store"
+)
+
+// localUser is a user with at least one connection on this node.
+type localUser struct {
+	id    string
+	conns []*client
+	teams map[string]struct{}
+	gen   uint64 // bumped by every membership event, to detect stale loads
+}
+
+// hub indexes this node's connections by user and team and routes store
+// events to them. It implements store.Handler.
+type hub struct {
+	srv *Server
+
+	mu     sync.RWMutex
+	users  map[string]*localUser
+	byTeam map[string]map[*localUser]struct{}
+	nconns int
+
+	dirtyMu sync.Mutex
+	dirty   []*client
+	wake    chan struct{} // cap 1; never closed
+
+	jobsMu  sync.Mutex
+	jobs    []func(ctx context.Context)
+	jobWake chan struct{} // cap 1; never closed
+}
+
+var _ store.Handler = (*hub)(nil)
+
+func newHub(s *Server) *hub {
+	return &hub{
+		srv:     s,
+		users:   make(map[string]*localUser),
+		byTeam:  make(map[string]map[*localUser]struct{}),
+		wake:    make(chan struct{}, 1),
+		jobWake: make(chan struct{}, 1),
+	}
+}
+
+// add registers c and returns its user's teams, loaded from the store the
+// first time the user connects here.
+func (h *hub) add(ctx context.Context, c *client) ([]string, error) {
+	h.mu.Lock()
+	lu, ok := h.users[c.user]
+	if !ok {
+		lu = &localUser{id: c.user}
+		h.users[c.user] = lu
+	}
+	lu.conns = append(lu.conns, c)
+	h.nconns++
+	loaded := lu.teams != nil
+	h.mu.Unlock()
+	if !loaded {
+		if err := h.loadTeams(ctx, lu); err != nil {
+			return nil, err
+		}
+	}
+	return h.teamsOf(c.user), nil
+}
+
+// loadTeams reads lu's teams; a membership event during the read makes it
+// read again, so the index never keeps a stale list.
+func (h *hub) loadTeams(ctx context.Context, lu *localUser) error {
+	for {
+		h.mu.RLock()
+		gen := lu.gen
+		h.mu.RUnlock()
+		teams, err := h.srv.store.TeamsOf(ctx, lu.id)
+		if err != nil {
+			return err
+		}
+		h.mu.Lock()
+		if lu.gen != gen {
+			h.mu.Unlock()
+			continue
+		}
+		if lu.teams == nil {
+			lu.teams = make(map[string]struct{}, len(teams))
+			for _, t := range teams {
+				h.joinLocked(lu, t)
+			}
+		}
+		h.mu.Unlock()
+		return nil
+	}
+}
+
+func (h *hub) joinLocked(lu *localUser, team string) {
+	lu.teams[team] = struct{}{}
+	set := h.byTeam[team]
+	if set == nil {
+		set = make(map[*localUser]struct{})
+		h.byTeam[team] = set
+	}
+	set[lu] = struct{}{}
+}
+
+func (h *hub) leaveLocked(lu *localUser, team string) {
+	delete(lu.teams, team)
+	if set := h.byTeam[team]; set != nil {
+		delete(set, lu)
+		if len(set) == 0 {
+			delete(h.byTeam, team)
+		}
+	}
+}
+
+// remove unregisters c; the last connection of a user drops the user.
+func (h *hub) remove(c *client) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	lu, ok := h.users[c.user]
+	if !ok {
+		return
+	}
+	for i, x := range lu.conns {
+		if x == c {
+			lu.conns = append(lu.conns[:i], lu.conns[i+1:]...)
+			h.nconns--
+			break
+		}
+	}
+	if len(lu.conns) > 0 {
+		return
+	}
+	for t := range lu.teams {
+		h.leaveLocked(lu, t)
+	}
+	delete(h.users, c.user)
+}
+
+func (h *hub) count() int {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.nconns
+}
+
+// teamsOf returns a local user's teams (nil when not connected here).
+func (h *hub) teamsOf(user string) []string {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	lu, ok := h.users[user]
+	if !ok {
+		return nil
+	}
+	out := make([]string, 0, len(lu.teams))
+	for t := range lu.teams {
+		out = append(out, t)
+	}
+	return out
+}
+
+// OnPresence queues a change for every local connection of every user who
+// shares one of the subject's teams, once each.
+func (h *hub) OnPresence(ev store.PresenceEvent) {
+	ch := wireChange(ev.Change)
+	h.srv.metrics.changes.WithLabelValues(ch.State).Inc()
+	n := 0
+	h.mu.RLock()
+	var seen map[*localUser]struct{}
+	if len(ev.Teams) > 1 {
+		seen = make(map[*localUser]struct{})
+	}
+	for _, t := range ev.Teams {
+		for lu := range h.byTeam[t] {
+			if lu.id == ch.UserID {
+				continue
+			}
+			if seen != nil {
+				if _, dup := seen[lu]; dup {
+					continue
+				}
+				seen[lu] = struct{}{}
+			}
+			for _, c := range lu.conns {
+				c.push(ch)
+				n++
+			}
+		}
+	}
+	h.mu.RUnlock()
+	h.srv.metrics.fanout.Observe(float64(n))
+}
+
+// OnMembership applies rule 7: a join makes the two sides visible to each
+// other at once; after a removal nothing more passes between users who no
+// longer share a team.
+func (h *hub) OnMembership(ev store.MembershipEvent) {
+	others := make(map[string]struct{}, len(ev.UserTeams))
+	for _, t := range ev.UserTeams {
+		if t != ev.Team {
+			others[t] = struct{}{}
+		}
+	}
+	h.mu.Lock()
+	subject := h.users[ev.UserID]
+	if subject != nil && subject.teams != nil {
+		subject.gen++
+		if ev.Joined {
+			h.joinLocked(subject, ev.Team)
+		} else {
+			h.leaveLocked(subject, ev.Team)
+		}
+	} else if subject != nil {
+		subject.gen++ // a load is under way; it will read again
+	}
+	for lu := range h.byTeam[ev.Team] {
+		if lu.id == ev.UserID || sharesSet(lu.teams, others) {
+			continue // could see the subject already, and still can
+		}
+		for _, c := range lu.conns {
+			if ev.Joined {
+				if ev.State != presence.Offline {
+					c.push(protocol.Change{UserID: ev.UserID, State: ev.State.String(), Version: ev.Version, At: h.srv.cfg.Now().UnixMilli()})
+				}
+			} else {
+				c.drop(ev.UserID)
+			}
+		}
+	}
+	h.mu.Unlock()
+	if subject != nil {
+		// The subject's own connections need the other side: store queries,
+		// so done off the event path.
+		h.enqueue(func(ctx context.Context) { h.reconcileSubject(ctx, ev, others) })
+	}
+}
+
+// reconcileSubject sends a user who joined a team the present members they
+// could not see before, or drops queued changes of members they no longer
+// share a team with.
+func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, others map[string]struct{}) {
+	s := h.srv
+	members, err := s.store.Members(ctx, ev.Team)
+	if err != nil {
+		s.log.Warn("membership reconcile", "err", err)
+		return
+	}
+	otherTeams := make([]string, 0, len(others))
+	for t := range others {
+		otherTeams = append(otherTeams, t)
+	}
+	stillVisible, err := s.visibleUsers(ctx, otherTeams, ev.UserID)
+	if err != nil {
+		s.log.Warn("membership reconcile", "err", err)
+		return
+	}
+	already := make(map[string]struct{}, len(stillVisible))
+	for _, u := range stillVisible {
+		already[u] = struct{}{}
+	}
+	var fresh []string
+	for _, m := range members {
+		if _, ok := already[m]; !ok && m != ev.UserID {
+			fresh = append(fresh, m)
+		}
+	}
+	if len(fresh) == 0 {
+		return
+	}
+	var ps []presence.Presence
+	if ev.Joined {
+		if ps, err = s.store.Presence(ctx, fresh); err != nil {
+			s.log.Warn("membership reconcile", "err", err)
+			return
+		}
+	}
+	now := s.cfg.Now().UnixMilli()
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	lu := h.users[ev.UserID]
+	if lu == nil {
+		return
+	}
+	for _, c := range lu.conns {
+		if !ev.Joined {
+			for _, m := range fresh {
+				c.drop(m)
+			}
+			continue
+		}
+		for _, p := range ps {
+			if p.State != presence.Offline {
+				c.push(protocol.Change{UserID: p.UserID, State: p.State.String(), Version: p.Version, At: now})
+			}
+		}
+	}
+}
+
+func sharesSet(a, b map[string]struct{}) bool {
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	for t := range a {
+		if _, ok := b[t]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+func wireChange(c presence.Change) protocol.Change {
+	return protocol.Change{UserID: c.UserID, State: c.State.String(), Version: c.Version, At: c.At.UnixMilli()}
+}
+
+// markDirty puts c on the flusher's list.
+func (h *hub) markDirty(c *client) {
+	h.dirtyMu.Lock()
+	h.dirty = append(h.dirty, c)
+	h.dirtyMu.Unlock()
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// flushLoop writes queued changes. Waiting FlushDelay after the first one
+// batches a burst into one frame per connection.
+func (h *hub) flushLoop() {
+	defer h.srv.wg.Done()
+	var batch []*client
+	for {
+		select {
+		case <-h.srv.stop:
+			return
+		case <-h.wake:
+		}
+		time.Sleep(h.srv.cfg.FlushDelay)
+		h.dirtyMu.Lock()
+		batch, h.dirty = h.dirty, batch[:0]
+		h.dirtyMu.Unlock()
+		for i, c := range batch {
+			c.flush()
+			batch[i] = nil
+		}
+	}
+}
+
+// enqueue runs job on the worker goroutine.
+func (h *hub) enqueue(job func(ctx context.Context)) {
+	h.jobsMu.Lock()
+	h.jobs = append(h.jobs, job)
+	h.jobsMu.Unlock()
+	select {
+	case h.jobWake <- struct{}{}:
+	default:
+	}
+}
+
+func (h *hub) workLoop() {
+	defer h.srv.wg.Done()
+	for {
+		select {
+		case <-h.srv.stop:
+			return
+		case <-h.jobWake:
+		}
+		h.jobsMu.Lock()
+		jobs := h.jobs
+		h.jobs = nil
+		h.jobsMu.Unlock()
+		for _, job := range jobs {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			job(ctx)
+			cancel()
+		}
+	}
+}
+
+// drainAll tells every client to reconnect after a random delay within
+// spread, and closes it with 1012.
+func (h *hub) drainAll(spread time.Duration) {
+	h.mu.RLock()
+	var all []*client
+	for _, lu := range h.users {
+		all = append(all, lu.conns...)
+	}
+	h.mu.RUnlock()
+	for _, c := range all {
+		after := time.Duration(rand.Int64N(int64(spread) + 1))
+		c.writeJSON(protocol.Reconnect{Type: protocol.TypeReconnect, AfterMS: after.Milliseconds()})
+		c.closeWith(protocol.CloseServiceRestart, "service restart")
+	}
+}

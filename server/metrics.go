@@ -1,0 +1,124 @@
+package server
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+)
+
+// Label values come from closed sets of constants, never from a client.
+const (
+	reasonBadRequest   = "bad_request"
+	reasonUnknownType  = "unknown_type"
+	reasonRateLimited  = "rate_limited"
+	reasonBinary       = "binary"
+	reasonUnauthorized = "unauthorized"
+	reasonDraining     = "draining"
+	reasonStale        = "stale"
+	reasonSlow         = "slow_consumer"
+)
+
+type metrics struct {
+	connections        prometheus.Gauge
+	usersOnline        prometheus.Gauge
+	heartbeats         prometheus.Counter
+	frames             *prometheus.CounterVec
+	framesRejected     *prometheus.CounterVec
+	connectsRejected   *prometheus.CounterVec
+	heartbeatGap       prometheus.Histogram
+	expirations        prometheus.Counter
+	detectionLag       prometheus.Histogram
+	graceStarted       prometheus.Counter
+	graceCancellations prometheus.Counter
+	changes            *prometheus.CounterVec
+	fanout             prometheus.Histogram
+	deliveries         prometheus.Counter
+	coalesced          prometheus.Counter
+	dropped            *prometheus.CounterVec
+	slowDisconnects    prometheus.Counter
+	storeLatency       *prometheus.HistogramVec
+	storeErrors        *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	const ns = "greendot"
+	m := &metrics{
+		connections: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "connections",
+			Help: "Live WebSocket connections on this node."}),
+		usersOnline: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "users_online",
+			Help: "Users whose published state is online or away."}),
+		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "heartbeats_total",
+			Help: "Heartbeat frames received."}),
+		frames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "frames_received_total",
+			Help: "Valid client frames received, by type."}, []string{"type"}),
+		framesRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "frames_rejected_total",
+			Help: "Client frames refused, by reason."}, []string{"reason"}),
+		connectsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "connects_rejected_total",
+			Help: "Connection attempts refused before the upgrade, by reason."}, []string{"reason"}),
+		heartbeatGap: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "heartbeat_gap_seconds",
+			Help:    "Time between consecutive frames of a connection.",
+			Buckets: []float64{0.5, 1, 2.5, 5, 7.5, 10, 12.5, 15, 20, 25, 30, 60}}),
+		expirations: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "expirations_total",
+			Help: "Connections ended because nothing was heard within the TTL."}),
+		detectionLag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "offline_detection_lag_seconds",
+			Help:    "How late past its deadline an expired connection was noticed.",
+			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10}}),
+		graceStarted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "grace_started_total",
+			Help: "Users who lost their last connection and entered the offline grace."}),
+		graceCancellations: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "grace_cancellations_total",
+			Help: "Graces cancelled by a new connection: offline flickers avoided."}),
+		changes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "changes_total",
+			Help: "Presence changes received for fan-out, by state."}, []string{"state"}),
+		fanout: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "fanout_connections",
+			Help:    "Local connections a change was queued for.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 9)}),
+		deliveries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "deliveries_total",
+			Help: "Changes written to connections."}),
+		coalesced: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "deliveries_coalesced_total",
+			Help: "Queued changes replaced by a newer change of the same user before being written."}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "deliveries_dropped_total",
+			Help: "Changes not delivered, by reason (stale: not newer than one queued; slow_consumer: the reader was disconnected)."},
+			[]string{"reason"}),
+		slowDisconnects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "slow_consumer_disconnects_total",
+			Help: "Connections closed because they did not read their changes."}),
+		storeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "store_operation_seconds",
+			Help:    "Latency of store operations, by operation.",
+			Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10)}, []string{"op"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_errors_total",
+			Help: "Store operations that failed, by operation."}, []string{"op"}),
+	}
+	reg.MustRegister(m.connections, m.usersOnline, m.heartbeats, m.frames, m.framesRejected,
+		m.connectsRejected, m.heartbeatGap, m.expirations, m.detectionLag, m.graceStarted,
+		m.graceCancellations, m.changes, m.fanout, m.deliveries, m.coalesced, m.dropped,
+		m.slowDisconnects, m.storeLatency, m.storeErrors,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: ns}),
+	)
+	// Pre-create label values so dashboards see zeros, not gaps.
+	for _, r := range []string{reasonBadRequest, reasonUnknownType, reasonRateLimited, reasonBinary} {
+		m.framesRejected.WithLabelValues(r)
+	}
+	for _, s := range []string{"online", "away", "offline"} {
+		m.changes.WithLabelValues(s)
+	}
+	m.dropped.WithLabelValues(reasonStale)
+	m.dropped.WithLabelValues(reasonSlow)
+	return m
+}
+
+// ObserveOutcome implements store.Observer.
+func (m *metrics) ObserveOutcome(op string, out presence.Outcome, took time.Duration) {
+	m.storeLatency.WithLabelValues(op).Observe(took.Seconds())
+	m.expirations.Add(float64(len(out.Expired)))
+	for _, lag := range out.ExpiryLag {
+		m.detectionLag.Observe(lag.Seconds())
+	}
+	m.graceStarted.Add(float64(out.GraceStarted))
+	m.graceCancellations.Add(float64(out.GraceCancelled))
+}
+
+var _ store.Observer = (*metrics)(nil)

@@ -1,0 +1,6 @@
+//go:build !race
+
+package server
+
+// raceEnabled: see handover.go.
+const raceEnabled = false

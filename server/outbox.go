@@ -1,0 +1,220 @@
+package server
+
+import (
+	"encoding/json"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lesismal/nbio/nbhttp/websocket"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
+)
+
+// client is one WebSocket connection.
+//
+// Its outbox keeps at most one pending change per subject (presence is
+// state, not a log: a newer change replaces a queued older one), so the
+// memory a viewer can hold is bounded by the users it may see, and capped by
+// MaxPending. The flusher writes pending changes in batches; nbio never
+// blocks a write, and a reader that lets MaxWriteBufferSize pile up is closed
+// by nbio. Fan-out therefore never waits for any reader.
+type client struct {
+	srv    *Server
+	ws     *websocket.Conn
+	id     string
+	user   string
+	device string
+
+	lastFrame  atomic.Int64 // unix nanos of the last frame received
+	registered atomic.Bool  // the store knows this connection
+	closed     atomic.Bool
+
+	// Only the frame handler touches these; nbio calls it serially.
+	tokens    float64
+	refilled  time.Time
+	limited   int // frames refused in a row by the rate limit
+	badStreak int
+
+	mu      sync.Mutex
+	ready   bool                       // snapshot sent: changes may be written
+	queued  bool                       // on the hub's dirty list
+	pending map[string]protocol.Change // by subject; nil when empty
+	order   []string                   // subjects in arrival order
+	expiry  *time.Timer                // token expiry; nil without exp
+}
+
+// allow applies the token-bucket rate limit to one frame.
+func (c *client) allow(now time.Time) bool {
+	cfg := &c.srv.cfg
+	c.tokens += now.Sub(c.refilled).Seconds() * cfg.RateLimit
+	if c.tokens > float64(cfg.RateBurst) {
+		c.tokens = float64(cfg.RateBurst)
+	}
+	c.refilled = now
+	if c.tokens >= 1 {
+		c.tokens--
+		c.limited = 0
+		return true
+	}
+	c.limited++
+	c.srv.metrics.framesRejected.WithLabelValues(reasonRateLimited).Inc()
+	switch {
+	case c.limited > 2*cfg.RateBurst:
+		c.closeWith(protocol.ClosePolicy, "rate limit exceeded")
+	case c.limited == 1:
+		c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeRateLimited,
+			Message: "too many frames; slow down or be disconnected"})
+	}
+	return false
+}
+
+// push queues a change for this connection without blocking.
+func (c *client) push(ch protocol.Change) {
+	m := c.srv.metrics
+	c.mu.Lock()
+	if c.pending == nil {
+		c.pending = make(map[string]protocol.Change)
+	}
+	if old, ok := c.pending[ch.UserID]; ok {
+		if old.Version >= ch.Version {
+			c.mu.Unlock()
+			m.dropped.WithLabelValues(reasonStale).Inc()
+			return
+		}
+		m.coalesced.Inc()
+	} else {
+		c.order = append(c.order, ch.UserID)
+	}
+	c.pending[ch.UserID] = ch
+	slow := len(c.pending) > c.srv.cfg.MaxPending
+	schedule := c.ready && !c.queued && !slow
+	if schedule {
+		c.queued = true
+	}
+	c.mu.Unlock()
+	if slow {
+		m.slowDisconnects.Inc()
+		c.closeWith(protocol.CloseTryAgainLater, "slow consumer")
+		return
+	}
+	if schedule {
+		c.srv.hub.markDirty(c)
+	}
+}
+
+// drop removes a pending change of subject, as after a team removal.
+func (c *client) drop(subject string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.pending[subject]; !ok {
+		return
+	}
+	delete(c.pending, subject)
+	for i, s := range c.order {
+		if s == subject {
+			c.order = append(c.order[:i], c.order[i+1:]...)
+			break
+		}
+	}
+}
+
+// sendSnapshot writes the snapshot, then lets queued changes through,
+// minus those the snapshot already covers.
+func (c *client) sendSnapshot(users []presence.Presence) {
+	frame := protocol.Snapshot{Type: protocol.TypeSnapshot, Users: []protocol.UserState{}}
+	c.mu.Lock()
+	for _, p := range users {
+		if q, ok := c.pending[p.UserID]; ok && q.Version <= p.Version {
+			delete(c.pending, p.UserID)
+		}
+		if p.State != presence.Offline {
+			frame.Users = append(frame.Users, protocol.UserState{UserID: p.UserID, State: p.State.String(), Version: p.Version})
+		}
+	}
+	// Written under mu so no flush can overtake it.
+	c.writeJSONLocked(frame)
+	c.ready = true
+	schedule := len(c.pending) > 0 && !c.queued
+	if schedule {
+		c.queued = true
+	}
+	c.mu.Unlock()
+	if schedule {
+		c.srv.hub.markDirty(c)
+	}
+}
+
+// flush writes every pending change as one presence frame.
+func (c *client) flush() {
+	c.mu.Lock()
+	c.queued = false
+	if len(c.pending) == 0 || c.closed.Load() {
+		c.mu.Unlock()
+		return
+	}
+	frame := protocol.Presence{Type: protocol.TypePresence, Changes: make([]protocol.Change, 0, len(c.pending))}
+	for _, s := range c.order {
+		if ch, ok := c.pending[s]; ok {
+			frame.Changes = append(frame.Changes, ch)
+		}
+	}
+	c.pending = nil
+	c.order = c.order[:0]
+	c.writeJSONLocked(frame)
+	c.mu.Unlock()
+	c.srv.metrics.deliveries.Add(float64(len(frame.Changes)))
+}
+
+func (c *client) writeJSON(v any) {
+	c.mu.Lock()
+	c.writeJSONLocked(v)
+	c.mu.Unlock()
+}
+
+// writeJSONLocked writes one frame; c.mu orders frames of one connection.
+func (c *client) writeJSONLocked(v any) {
+	if c.closed.Load() {
+		return
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		c.srv.log.Error("encode frame", "err", err)
+		return
+	}
+	if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+		c.closed.Store(true)
+		_ = c.ws.Close()
+	}
+}
+
+// closeWith sends a close frame with code and closes the connection.
+func (c *client) closeWith(code int, reason string) {
+	if c.closed.Swap(true) {
+		return
+	}
+	_ = c.ws.WriteClose(code, reason)
+	_ = c.ws.Close()
+}
+
+func (c *client) markClosed() {
+	c.closed.Store(true)
+	c.mu.Lock()
+	if c.expiry != nil {
+		c.expiry.Stop()
+	}
+	c.pending = nil
+	c.order = nil
+	c.mu.Unlock()
+}
+
+// setExpiry closes the connection with 4001 when its token expires.
+func (c *client) setExpiry(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() {
+		return
+	}
+	c.expiry = time.AfterFunc(d, func() { c.closeWith(protocol.CloseTokenExpired, "token expired") })
+}

@@ -1,0 +1,304 @@
+// Package server is greendot's gateway: the WebSocket protocol, the HTTP API,
+// the fan-out of changes to connections and the metrics, around a store.
+//
+// Concurrency: the network layer is an epoll event loop (lesismal/nbio), so
+// an idle connection costs no goroutine. Frame handlers run on nbio's worker
+// pool and must not block for long; fan-out never blocks on a reader (see
+// outbox.go). The Server owns three goroutines: the sweeper, the flusher and
+// the membership worker, all stopped and waited for by Shutdown.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lesismal/nbio/logging"
+	"github.com/lesismal/nbio/nbhttp"
+	"github.com/lesismal/nbio/nbhttp/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/greendot/greendot/protocol"
+	"github.com/greendot/greendot/store"
+)
+
+// Config configures a Server. Only Store is required; the zero value of every
+// other field is a working default.
+type Config struct {
+	Addr              string        // listen address; ":8080"
+	Store             store.Store   // required
+	NodeID            string        // this node's name; random when empty
+	TTL               time.Duration // 25s
+	HeartbeatInterval time.Duration // 10s
+	Grace             time.Duration // 5s; only reported, the store applies it
+	JWTSecret         string        // empty: dev mode
+	APIKey            string        // empty: the HTTP API is open
+	MaxMessageSize    int           // bytes per client frame; 4096
+	RateLimit         float64       // client frames per second; 20
+	RateBurst         int           // 40
+	MaxPending        int           // queued changes per connection before it is slow; 10000
+	DrainSpread       time.Duration // reconnect delays are spread over this; 3s
+	SweepInterval     time.Duration // 100ms
+	FlushDelay        time.Duration // batching window for changes; 5ms
+	Static            http.Handler  // serves the demo page at /, if set
+	Logger            *slog.Logger
+	Registry          *prometheus.Registry // metrics; a new registry when nil
+	Now               func() time.Time
+}
+
+// Server is one greendot node.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	store   store.Store
+	auth    *authenticator
+	metrics *metrics
+	reg     *prometheus.Registry
+	hub     *hub
+
+	upgrader *websocket.Upgrader
+	engine   *nbhttp.Engine
+	ln       net.Listener
+	addr     string
+
+	draining atomic.Bool
+	stopOnce sync.Once
+	stop     chan struct{} // closed by Shutdown; never sent on
+	wg       sync.WaitGroup
+}
+
+// New validates cfg and returns a Server that is not yet listening.
+func New(cfg Config) (*Server, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("server: a store is required")
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = ":8080"
+	}
+	setDefault(&cfg.TTL, 25*time.Second)
+	setDefault(&cfg.HeartbeatInterval, 10*time.Second)
+	setDefault(&cfg.DrainSpread, 3*time.Second)
+	setDefault(&cfg.SweepInterval, 100*time.Millisecond)
+	setDefault(&cfg.FlushDelay, 5*time.Millisecond)
+	if cfg.Grace < 0 {
+		return nil, errors.New("server: offline grace must not be negative")
+	}
+	if cfg.TTL <= cfg.HeartbeatInterval {
+		return nil, fmt.Errorf("server: ttl (%v) must exceed the heartbeat interval (%v)", cfg.TTL, cfg.HeartbeatInterval)
+	}
+	if cfg.MaxMessageSize == 0 {
+		cfg.MaxMessageSize = 4096
+	}
+	if cfg.RateLimit == 0 {
+		cfg.RateLimit = 20
+	}
+	if cfg.RateBurst == 0 {
+		cfg.RateBurst = 40
+	}
+	if cfg.MaxPending == 0 {
+		cfg.MaxPending = 10000
+	}
+	if cfg.NodeID == "" {
+		cfg.NodeID = "node-" + randomID(4)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{
+		cfg:   cfg,
+		log:   cfg.Logger,
+		store: cfg.Store,
+		auth:  newAuthenticator(cfg.JWTSecret, cfg.Now),
+		reg:   cfg.Registry,
+		stop:  make(chan struct{}),
+	}
+	s.metrics = newMetrics(cfg.Registry)
+	s.hub = newHub(s)
+	if o, ok := cfg.Store.(store.Observable); ok {
+		o.SetObserver(s.metrics)
+	}
+	cfg.Store.Subscribe(s.hub)
+	s.upgrader = s.newUpgrader()
+	return s, nil
+}
+
+func setDefault(d *time.Duration, v time.Duration) {
+	if *d == 0 {
+		*d = v
+	}
+}
+
+// DevMode reports whether clients may connect with ?user= (no JWT secret).
+func (s *Server) DevMode() bool { return s.auth.devMode() }
+
+// quietNetwork keeps nbio's own info lines out of our logs; its warnings stay.
+var quietNetwork sync.Once
+
+// Start listens and starts serving; it returns once the listener is up.
+func (s *Server) Start() error {
+	quietNetwork.Do(func() { logging.SetLevel(logging.LevelWarn) })
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("server: listen on %s: %w", s.cfg.Addr, err)
+	}
+	// No Addrs: the engine only polls; acceptLoop feeds it connections.
+	ncfg := nbhttp.Config{
+		Name:                    "greendot",
+		Network:                 "tcp",
+		Handler:                 s.routes(),
+		MaxLoad:                 1 << 20,
+		ReleaseWebsocketPayload: true,
+		// A reader that lets this much pile up unsent is disconnected.
+		MaxWriteBufferSize: 256 << 10,
+		ReadBufferSize:     16 << 10,
+		MaxHTTPBodySize:    1 << 20,
+		KeepaliveTime:      2 * time.Minute,
+	}
+	s.engine = nbhttp.NewEngine(ncfg)
+	raceVisibleData(s.engine)
+	if err := s.engine.Start(); err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("server: start network engine: %w", err)
+	}
+	s.ln = ln
+	s.addr = ln.Addr().String()
+	s.wg.Add(4)
+	go s.acceptLoop(ln)
+	go s.sweepLoop()
+	go s.hub.flushLoop()
+	go s.hub.workLoop()
+	return nil
+}
+
+// acceptLoop accepts connections and hands them to the engine's pollers.
+// It ends when Shutdown closes the listener.
+func (s *Server) acceptLoop(ln net.Listener) {
+	defer s.wg.Done()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			// Out of file descriptors and the like: back off, don't spin.
+			s.log.Warn("accept", "err", err)
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		hc := &nbhttp.Conn{Conn: c}
+		handover()
+		s.engine.AddConnNonTLSNonBlocking(hc, nil, func() {})
+	}
+}
+
+// Addr is the address the server listens on, with the real port.
+func (s *Server) Addr() string { return s.addr }
+
+// Shutdown drains the node: new connections are refused, every client is
+// told to reconnect (spread over DrainSpread) and closed with 1012, so its
+// users enter the offline grace instead of going offline. It then stops
+// every goroutine of the Server and returns when they are gone or ctx ends.
+// Calling it again does nothing.
+func (s *Server) Shutdown(ctx context.Context) error {
+	var err error
+	s.stopOnce.Do(func() {
+		s.draining.Store(true)
+		if s.ln != nil {
+			_ = s.ln.Close() // stop accepting
+		}
+		s.hub.drainAll(s.cfg.DrainSpread)
+		// Give closes a moment to be handled, so their users enter grace.
+		waitUntil(ctx, 2*time.Second, func() bool { return s.hub.count() == 0 })
+		close(s.stop)
+		if s.engine != nil {
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err = s.engine.Shutdown(sctx)
+			cancel()
+		}
+		s.wg.Wait()
+	})
+	return err
+}
+
+func waitUntil(ctx context.Context, max time.Duration, cond func() bool) {
+	deadline := time.Now().Add(max)
+	for !cond() && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// sweepLoop drives the store's deadlines and refreshes the gauges.
+func (s *Server) sweepLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := s.store.Sweep(ctx); err != nil {
+			s.metrics.storeErrors.WithLabelValues(store.OpSweep).Inc()
+			s.log.Warn("sweep failed", "err", err)
+		}
+		cancel()
+		s.metrics.connections.Set(float64(s.hub.count()))
+		if c, ok := s.store.(interface{ Counts() (int, int) }); ok {
+			_, present := c.Counts()
+			s.metrics.usersOnline.Set(float64(present))
+		}
+	}
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/connect", s.handleConnect)
+	mux.HandleFunc("GET /v1/users/{user}/presence", s.api(s.handleUserPresence))
+	mux.HandleFunc("POST /v1/presence/query", s.api(s.handleQuery))
+	mux.HandleFunc("GET /v1/teams/{team}/presence", s.api(s.handleTeamPresence))
+	mux.HandleFunc("PUT /v1/teams/{team}/members/{user}", s.api(s.handleAddMember))
+	mux.HandleFunc("DELETE /v1/teams/{team}/members/{user}", s.api(s.handleRemoveMember))
+	mux.HandleFunc("GET /healthz", s.handleHealthz)
+	mux.HandleFunc("GET /readyz", s.handleReadyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.Static != nil && !strings.HasPrefix(r.URL.Path, "/v1/") && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+			s.cfg.Static.ServeHTTP(w, r)
+			return
+		}
+		writeError(w, http.StatusNotFound, protocol.CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path)
+	})
+	return mux
+}
+
+func randomID(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,366 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/lesismal/nbio/nbhttp/websocket"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
+	"github.com/greendot/greendot/store"
+)
+
+// Bad frames in a row after which a connection is closed with 1008.
+const maxBadStreak = 10
+
+func (s *Server) newUpgrader() *websocket.Upgrader {
+	u := websocket.NewUpgrader()
+	u.CheckOrigin = func(*http.Request) bool { return true } // tokens, not cookies, authenticate
+	u.KeepaliveTime = s.cfg.TTL                              // read deadline: a silent client is dead after ttl
+	u.MessageLengthLimit = s.cfg.MaxMessageSize              // nbio closes with 1009 past it
+	u.BlockingModAsyncWrite = false
+	u.OnMessage(s.onMessage)
+	u.OnClose(s.onClose)
+	u.SetPingHandler(func(c *websocket.Conn, data string) {
+		if cl, ok := c.Session().(*client); ok {
+			s.signOfLife(cl)
+		}
+		_ = c.WriteMessage(websocket.PongMessage, []byte(data))
+	})
+	u.SetPongHandler(func(c *websocket.Conn, _ string) {
+		if cl, ok := c.Session().(*client); ok {
+			s.signOfLife(cl)
+		}
+	})
+	return u
+}
+
+// handleConnect authenticates, upgrades, registers the connection and sends
+// welcome and snapshot.
+func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		s.metrics.connectsRejected.WithLabelValues(reasonDraining).Inc()
+		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "this node is draining; connect to another")
+		return
+	}
+	id, err := s.auth.authenticate(r)
+	if err != nil {
+		var bad badIDError
+		if errors.As(err, &bad) {
+			s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
+			writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, err.Error())
+			return
+		}
+		s.metrics.connectsRejected.WithLabelValues(reasonUnauthorized).Inc()
+		writeError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, err.Error())
+		return
+	}
+	device := "web"
+	if d, ok := r.URL.Query()["device"]; ok {
+		device = d[0]
+		if !protocol.ValidID(device) {
+			s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
+			writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, errBadID("device").Error())
+			return
+		}
+	}
+	if !id.expiry.IsZero() && !id.expiry.After(s.cfg.Now()) {
+		writeError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, "token expired")
+		return
+	}
+	ws, err := s.upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader has answered
+	}
+	now := s.cfg.Now()
+	c := &client{
+		srv:    s,
+		ws:     ws,
+		id:     randomID(8),
+		user:   id.userID,
+		device: device,
+	}
+	c.lastFrame.Store(now.UnixNano())
+	c.tokens = float64(s.cfg.RateBurst)
+	c.refilled = now
+	ws.SetSession(c)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	teams, err := s.hub.add(ctx, c)
+	if err == nil {
+		err = s.timed(store.OpConnect, func() error {
+			return s.store.Connect(ctx, presence.Conn{ID: c.id, UserID: c.user, Device: c.device, Node: s.cfg.NodeID})
+		})
+	}
+	if err != nil {
+		s.log.Error("register connection", "err", err)
+		s.hub.remove(c)
+		c.closeWith(1011, "store unavailable")
+		return
+	}
+	c.registered.Store(true)
+	if c.closed.Load() {
+		// Closed while registering: onClose may have run before registered was set.
+		_ = s.store.Disconnect(ctx, c.id, presence.Closed)
+		return
+	}
+	c.writeJSON(protocol.Welcome{
+		Type:                protocol.TypeWelcome,
+		ConnectionID:        c.id,
+		UserID:              c.user,
+		HeartbeatIntervalMS: s.cfg.HeartbeatInterval.Milliseconds(),
+		TTLMS:               s.cfg.TTL.Milliseconds(),
+	})
+	snap, err := s.snapshot(ctx, c.user, teams)
+	if err != nil {
+		s.log.Error("snapshot", "err", err)
+		c.closeWith(1011, "store unavailable")
+		return
+	}
+	c.sendSnapshot(snap)
+	if !id.expiry.IsZero() {
+		c.setExpiry(id.expiry.Sub(now))
+	}
+}
+
+// snapshot lists the users sharing a team with user, present or not: the
+// versions of offline users let the outbox drop what the snapshot covers.
+func (s *Server) snapshot(ctx context.Context, user string, teams []string) ([]presence.Presence, error) {
+	visible, err := s.visibleUsers(ctx, teams, user)
+	if err != nil || len(visible) == 0 {
+		return nil, err
+	}
+	var ps []presence.Presence
+	err = s.timed(store.OpQuery, func() error {
+		var err error
+		ps, err = s.store.Presence(ctx, visible)
+		return err
+	})
+	return ps, err
+}
+
+// visibleUsers is the union of the members of teams, without self.
+func (s *Server) visibleUsers(ctx context.Context, teams []string, self string) ([]string, error) {
+	seen := make(map[string]struct{})
+	var out []string
+	for _, t := range teams {
+		var members []string
+		err := s.timed(store.OpQuery, func() error {
+			var err error
+			members, err = s.store.Members(ctx, t)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range members {
+			if _, dup := seen[m]; dup || m == self {
+				continue
+			}
+			seen[m] = struct{}{}
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+func (s *Server) timed(op string, f func() error) error {
+	start := time.Now()
+	err := f()
+	s.metrics.storeLatency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.storeErrors.WithLabelValues(op).Inc()
+	}
+	return err
+}
+
+// onMessage handles one client frame. nbio calls it serially per connection.
+func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []byte) {
+	c, ok := ws.Session().(*client)
+	if !ok {
+		return
+	}
+	if mt == websocket.BinaryMessage {
+		s.metrics.framesRejected.WithLabelValues(reasonBinary).Inc()
+		c.closeWith(protocol.CloseUnsupported, "binary frames are not accepted")
+		return
+	}
+	s.signOfLife(c)
+	if !c.allow(s.cfg.Now()) {
+		return
+	}
+	f, err := protocol.DecodeClientFrame(data)
+	if err != nil {
+		var de *protocol.DecodeError
+		if !errors.As(err, &de) {
+			de = &protocol.DecodeError{Code: protocol.CodeBadRequest, Message: "bad frame"}
+		}
+		reason := reasonBadRequest
+		if de.Code == protocol.CodeUnknownType {
+			reason = reasonUnknownType
+		}
+		s.metrics.framesRejected.WithLabelValues(reason).Inc()
+		c.badStreak++
+		if c.badStreak > maxBadStreak {
+			c.closeWith(protocol.ClosePolicy, "too many bad frames")
+			return
+		}
+		c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: de.Code, Message: de.Message})
+		return
+	}
+	c.badStreak = 0
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	switch {
+	case f.Heartbeat != nil:
+		s.metrics.frames.WithLabelValues(protocol.TypeHeartbeat).Inc()
+		s.metrics.heartbeats.Inc()
+		if len(f.Heartbeat.ID) > 0 && string(f.Heartbeat.ID) != "null" {
+			c.writeJSON(protocol.HeartbeatAck{Type: protocol.TypeHeartbeatAck, ID: f.Heartbeat.ID})
+		}
+	case f.Status != nil:
+		s.metrics.frames.WithLabelValues(protocol.TypeStatus).Inc()
+		active := f.Status.State == protocol.StateOnline
+		err := s.timed(store.OpStatus, func() error { return s.store.SetStatus(ctx, c.id, active) })
+		if errors.Is(err, store.ErrUnknownConn) {
+			if s.reassert(ctx, c) == nil {
+				err = s.store.SetStatus(ctx, c.id, active)
+			}
+		}
+		if err != nil {
+			s.log.Warn("set status", "err", err)
+		}
+	case f.Query != nil:
+		s.metrics.frames.WithLabelValues(protocol.TypeQuery).Inc()
+		s.answerQuery(ctx, c, f.Query)
+	}
+}
+
+// signOfLife records that c was heard from: any frame counts.
+func (s *Server) signOfLife(c *client) {
+	now := s.cfg.Now()
+	prev := c.lastFrame.Swap(now.UnixNano())
+	s.metrics.heartbeatGap.Observe(time.Duration(now.UnixNano() - prev).Seconds())
+	if !c.registered.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.timed(store.OpHeartbeat, func() error { return s.store.Heartbeat(ctx, c.id) })
+	if errors.Is(err, store.ErrUnknownConn) {
+		// The store expired or lost it, yet the client is alive: assert it again.
+		err = s.reassert(ctx, c)
+	}
+	if err != nil {
+		s.log.Warn("heartbeat", "err", err)
+	}
+}
+
+// reassert registers a live connection the store no longer knows.
+func (s *Server) reassert(ctx context.Context, c *client) error {
+	err := s.store.Connect(ctx, presence.Conn{ID: c.id, UserID: c.user, Device: c.device, Node: s.cfg.NodeID})
+	if errors.Is(err, store.ErrDuplicateConn) {
+		return nil
+	}
+	return err
+}
+
+func (s *Server) answerQuery(ctx context.Context, c *client, q *protocol.Query) {
+	for _, id := range q.UserIDs {
+		if !protocol.ValidID(id) {
+			s.metrics.framesRejected.WithLabelValues(reasonBadRequest).Inc()
+			c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeBadRequest,
+				Message: "query: every user id must be 1-128 bytes of printable UTF-8"})
+			return
+		}
+	}
+	viewerTeams := s.hub.teamsOf(c.user)
+	users := make([]protocol.UserPresence, len(q.UserIDs))
+	var visible []string
+	var visibleAt []int
+	for i, id := range q.UserIDs {
+		users[i] = protocol.UserPresence{UserID: id, State: protocol.StateUnknown}
+		ok := id == c.user
+		if !ok {
+			teams, err := s.store.TeamsOf(ctx, id)
+			if err != nil {
+				c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: "store unavailable"})
+				return
+			}
+			ok = sharesAny(viewerTeams, teams)
+		}
+		if ok {
+			visible = append(visible, id)
+			visibleAt = append(visibleAt, i)
+		}
+	}
+	if len(visible) > 0 {
+		ps, err := s.store.Presence(ctx, visible)
+		if err != nil {
+			c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: "store unavailable"})
+			return
+		}
+		for j, p := range ps {
+			users[visibleAt[j]] = toUserPresence(p)
+		}
+	}
+	id := q.ID
+	if len(id) == 0 {
+		id = json.RawMessage("null")
+	}
+	c.writeJSON(protocol.QueryResult{Type: protocol.TypeQueryResult, ID: id, Users: users})
+}
+
+// onClose ends the connection in the store: its user may enter grace.
+func (s *Server) onClose(ws *websocket.Conn, _ error) {
+	c, ok := ws.Session().(*client)
+	if !ok {
+		return
+	}
+	c.markClosed()
+	s.hub.remove(c)
+	if !c.registered.Load() {
+		return
+	}
+	cause := presence.Closed
+	if time.Duration(s.cfg.Now().UnixNano()-c.lastFrame.Load()) >= s.cfg.TTL {
+		cause = presence.Expired
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.timed(store.OpDisconnect, func() error { return s.store.Disconnect(ctx, c.id, cause) })
+	if err != nil && !errors.Is(err, store.ErrUnknownConn) {
+		s.log.Warn("disconnect", "err", err)
+	}
+}
+
+func toUserPresence(p presence.Presence) protocol.UserPresence {
+	up := protocol.UserPresence{
+		UserID:          p.UserID,
+		State:           p.State.String(),
+		ConnectionCount: p.ConnectionCount,
+		Devices:         p.Devices,
+		Version:         p.Version,
+	}
+	if !p.LastSeen.IsZero() {
+		ms := p.LastSeen.UnixMilli()
+		up.LastSeen = &ms
+	}
+	return up
+}
+
+func sharesAny(a, b []string) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if x == y {
+				return true
+			}
+		}
+	}
+	return false
+}

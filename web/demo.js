@@ -1,0 +1,250 @@
+// The greendot demo page: join team "demo" as a user of your choice (dev mode),
+// connect with the JS client and show the team's dots as they change.
+//
+// URL parameters: ?user=<id> (default: a random name), ?idle=<ms> (how long
+// without input before this tab reports away; default 5 minutes).
+
+import { connect } from '/greendot.js';
+
+const TEAM = 'demo';
+const NAMES = ['alice', 'bob', 'carol', 'dave', 'erin', 'frank', 'grace', 'heidi', 'ivan', 'judy',
+  'mallory', 'niaj', 'olivia', 'peggy', 'rupert', 'sybil', 'trent', 'victor', 'walter', 'yara'];
+const QUERY_EVERY_MS = 10000;
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const me = (params.get('user') || '').trim() || pick(NAMES);
+const idleAfterMs = Number(params.get('idle')) > 0 ? Number(params.get('idle')) : 5 * 60 * 1000;
+
+// Keep the chosen name in the address so that a reload stays the same user.
+if (params.get('user') !== me) {
+  params.set('user', me);
+  history.replaceState(null, '', `?${params}`);
+}
+document.title = `${me} · greendot demo`;
+$('name').value = me;
+$('idle-after').textContent = formatDuration(idleAfterMs);
+$('same').href = `/?${new URLSearchParams({ user: me })}`;
+
+/** user id → { state, version, lastSeen, devices, connectionCount } */
+const roster = new Map();
+let client = null;
+let everOpen = false;
+
+function pick(list, avoid = new Set()) {
+  const free = list.filter((n) => !avoid.has(n));
+  if (free.length) return free[Math.floor(Math.random() * free.length)];
+  return `${pick(list)}${Math.floor(Math.random() * 900 + 100)}`;
+}
+
+function showProblem(text) {
+  const p = $('problem');
+  p.textContent = text;
+  p.hidden = !text;
+}
+
+async function api(method, path, body) {
+  const res = await fetch(path, {
+    method,
+    headers: body ? { 'content-type': 'application/json' } : {},
+    body: body ? JSON.stringify(body) : undefined,
+  });
+  if (!res.ok) {
+    let msg = `${res.status} ${res.statusText}`;
+    try { msg = (await res.json()).error?.message || msg; } catch { /* not JSON */ }
+    throw new Error(`${method} ${path}: ${msg}`);
+  }
+  return res.status === 204 ? null : res.json();
+}
+
+function entry(id) {
+  let e = roster.get(id);
+  if (!e) {
+    e = { state: 'offline', version: 0, lastSeen: undefined, devices: [], connectionCount: 0 };
+    roster.set(id, e);
+  }
+  return e;
+}
+
+// ——— rendering ———
+
+function render() {
+  const ul = $('roster');
+  const others = [...roster.keys()].filter((id) => id !== me);
+  const order = { online: 0, away: 1, offline: 2 };
+  others.sort((a, b) => (order[roster.get(a).state] ?? 3) - (order[roster.get(b).state] ?? 3) || a.localeCompare(b));
+  const ids = [me, ...others];
+  // Reuse rows so that the dot's colour transition shows.
+  const rows = new Map([...ul.children].map((li) => [li.dataset.user, li]));
+  ids.forEach((id, i) => {
+    let li = rows.get(id);
+    if (!li) {
+      li = document.createElement('li');
+      li.dataset.user = id;
+      li.innerHTML = '<span class="dot" aria-hidden="true"></span><span class="name"></span><span class="detail"></span>';
+    }
+    rows.delete(id);
+    const state = id === me ? myState() : roster.get(id).state;
+    li.dataset.state = state;
+    li.querySelector('.name').textContent = id;
+    if (id === me) {
+      const you = document.createElement('span');
+      you.className = 'you';
+      you.textContent = ' (you)';
+      li.querySelector('.name').append(you);
+    }
+    li.querySelector('.detail').textContent = detail(id, state);
+    li.title = `${id}: ${state}`;
+    if (ul.children[i] !== li) ul.insertBefore(li, ul.children[i] ?? null);
+  });
+  for (const li of rows.values()) li.remove();
+  const online = ids.filter((id) => (id === me ? myState() : roster.get(id).state) !== 'offline').length;
+  $('count').textContent = `${online} of ${ids.length} here`;
+  $('empty').hidden = others.length > 0;
+
+  const mine = myState();
+  $('me').dataset.state = mine;
+  $('me-state').textContent = mine;
+  const awayBtn = $('away');
+  const manualAway = client?.status === 'away' && awayBtn.dataset.manual === 'away';
+  awayBtn.setAttribute('aria-pressed', String(manualAway));
+  awayBtn.textContent = manualAway ? 'I’m back' : 'Set me away';
+}
+
+function myState() {
+  if (!client || client.state !== 'open') return 'offline';
+  return client.status;
+}
+
+function detail(id, state) {
+  const e = roster.get(id) ?? entry(id);
+  if (state === 'offline') {
+    if (e.lastSeen === null) return 'never seen';
+    if (typeof e.lastSeen === 'number') return `last seen ${ago(e.lastSeen)}`;
+    return 'offline';
+  }
+  const devices = e.devices?.length ? e.devices.join(', ') : '';
+  return devices ? `${state} · ${devices}` : state;
+}
+
+function ago(ms) {
+  const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
+  if (s < 5) return 'just now';
+  if (s < 60) return `${s} s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+  return new Date(ms).toLocaleString();
+}
+
+function formatDuration(ms) {
+  if (ms >= 60000 && ms % 60000 === 0) return `${ms / 60000} min`;
+  if (ms >= 1000) return `${Number((ms / 1000).toFixed(1))} s`;
+  return `${ms} ms`;
+}
+
+// ——— data ———
+
+/** Applies a state with its version; a version not newer than the one held is dropped. */
+function applyState(id, state, version) {
+  const e = entry(id);
+  if (version !== undefined && e.version && version <= e.version) return;
+  e.state = state;
+  if (version !== undefined) e.version = version;
+}
+
+let queryTimer = null;
+/** Refreshes last-seen times and devices over HTTP, soon (debounced). */
+function refreshDetails(delay = 300) {
+  clearTimeout(queryTimer);
+  queryTimer = setTimeout(async () => {
+    queryTimer = null;
+    const ids = [...roster.keys()];
+    if (!ids.includes(me)) ids.push(me);
+    try {
+      const { users } = await api('POST', '/v1/presence/query', { user_ids: ids.slice(0, 500) });
+      for (const u of users) {
+        const e = entry(u.user_id);
+        e.lastSeen = u.last_seen;
+        e.devices = u.devices ?? [];
+        e.connectionCount = u.connection_count ?? 0;
+      }
+      render();
+    } catch (err) {
+      console.warn('greendot demo: presence query failed', err);
+    }
+  }, delay);
+}
+
+async function loadTeam() {
+  const team = await api('GET', `/v1/teams/${encodeURIComponent(TEAM)}/presence`);
+  for (const u of team.online ?? []) if (u.user_id !== me) applyState(u.user_id, u.state, u.version);
+  render();
+  refreshDetails(0);
+}
+
+async function start() {
+  entry(me);
+  render();
+  try {
+    await api('PUT', `/v1/teams/${encodeURIComponent(TEAM)}/members/${encodeURIComponent(me)}`);
+  } catch (err) {
+    showProblem(`Could not join team “${TEAM}”: ${err.message}. The demo needs a server in dev mode (no --api-key, no --jwt-secret).`);
+  }
+
+  client = connect({ user: me, device: 'web', idleAfterMs });
+  client.onState((state, info) => {
+    const conn = $('conn');
+    conn.dataset.state = state;
+    conn.textContent = state === 'reconnecting' && info.delayMs !== undefined
+      ? `reconnecting (next try in ${(info.delayMs / 1000).toFixed(1)} s)`
+      : state;
+    if (state === 'reconnecting' && !everOpen && info.attempt >= 3) {
+      showProblem('Cannot connect. The demo needs a server in dev mode (no --jwt-secret): is it running?');
+    }
+    if (state === 'open') {
+      everOpen = true;
+      showProblem('');
+      loadTeam().catch((err) => showProblem(`Could not load the team: ${err.message}`));
+    }
+    render();
+  });
+  client.onChange((changes) => {
+    for (const c of changes) {
+      const e = entry(c.userId);
+      // The client already dropped stale versions. A user a snapshot left out is
+      // no longer held (version 0 here): a restarted server's versions start again.
+      e.state = c.state;
+      e.version = client.get(c.userId)?.version ?? 0;
+      if (c.state === 'offline') e.lastSeen = c.at; // until the query brings the server's last_seen
+    }
+    render();
+    refreshDetails();
+  });
+  client.onError((err) => console.warn('greendot demo:', err.code, err.message));
+
+  $('away').addEventListener('click', () => {
+    const btn = $('away');
+    const goAway = btn.dataset.manual !== 'away';
+    btn.dataset.manual = goAway ? 'away' : 'online';
+    client.setStatus(goAway ? 'away' : 'online');
+    render();
+    refreshDetails();
+  });
+  // Relative times age, and idle detection changes this tab's status without a click.
+  setInterval(render, 500);
+  setInterval(() => refreshDetails(0), QUERY_EVERY_MS);
+}
+
+$('who').addEventListener('submit', (ev) => {
+  ev.preventDefault();
+  const name = $('name').value.trim();
+  if (name && name !== me) location.search = `?${new URLSearchParams({ user: name })}`;
+});
+
+$('another').addEventListener('click', () => {
+  const other = pick(NAMES, new Set([me, ...roster.keys()]));
+  const q = new URLSearchParams({ user: other });
+  if (params.get('idle')) q.set('idle', params.get('idle'));
+  window.open(`/?${q}`, '_blank', 'noopener');
+});
+
+start();
