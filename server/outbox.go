@@ -2,10 +2,12 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/lesismal/nbio"
 	"github.com/lesismal/nbio/nbhttp/websocket"
 
 	"github.com/greendot/greendot/presence"
@@ -184,6 +186,10 @@ func (c *client) writeJSONLocked(v any) {
 		return
 	}
 	if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+		if errors.Is(err, nbio.ErrOverflow) {
+			// More than MaxWriteBuffer is waiting for this reader.
+			c.srv.metrics.slowDisconnects.Inc()
+		}
 		c.closed.Store(true)
 		_ = c.ws.Close()
 	}

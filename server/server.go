@@ -47,6 +47,8 @@ type Config struct {
 	RateLimit         float64       // client frames per second; 20
 	RateBurst         int           // 40
 	MaxPending        int           // queued changes per connection before it is slow; 10000
+	MaxWriteBuffer    int           // unsent bytes per connection before it is slow; 256 KiB
+	SocketSendBuffer  int           // SO_SNDBUF of each connection; 0 leaves the kernel's autotuning
 	DrainSpread       time.Duration // reconnect delays are spread over this; 3s
 	SweepInterval     time.Duration // 100ms
 	FlushDelay        time.Duration // batching window for changes; 5ms
@@ -104,6 +106,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.RateBurst == 0 {
 		cfg.RateBurst = 40
+	}
+	if cfg.MaxWriteBuffer == 0 {
+		cfg.MaxWriteBuffer = 256 << 10
 	}
 	if cfg.MaxPending == 0 {
 		cfg.MaxPending = 10000
@@ -165,7 +170,7 @@ func (s *Server) Start() error {
 		MaxLoad:                 1 << 20,
 		ReleaseWebsocketPayload: true,
 		// A reader that lets this much pile up unsent is disconnected.
-		MaxWriteBufferSize: 256 << 10,
+		MaxWriteBufferSize: s.cfg.MaxWriteBuffer,
 		ReadBufferSize:     16 << 10,
 		MaxHTTPBodySize:    1 << 20,
 		KeepaliveTime:      2 * time.Minute,
@@ -208,6 +213,9 @@ func (s *Server) acceptLoop(ln net.Listener) {
 			case <-time.After(50 * time.Millisecond):
 			}
 			continue
+		}
+		if tc, ok := c.(*net.TCPConn); ok && s.cfg.SocketSendBuffer > 0 {
+			_ = tc.SetWriteBuffer(s.cfg.SocketSendBuffer)
 		}
 		hc := &nbhttp.Conn{Conn: c}
 		handover()

@@ -1,0 +1,136 @@
+package client
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/greendot/greendot/protocol"
+)
+
+// State is what the client holds about one user.
+type State struct {
+	UserID string
+	// State is protocol.StateOnline, StateAway or StateOffline.
+	State string
+	// Version is the server's version of this state. An offline the client
+	// inferred from a snapshot (the user was online and the new snapshot no
+	// longer lists them) carries the version held before.
+	Version uint64
+	// At is when the server recorded the transition; zero when the state
+	// came from a snapshot, which carries no time (unless the client already
+	// held the same state, whose time it keeps).
+	At time.Time
+}
+
+// Change is one state the client applied, as handed to Options.OnChange and
+// Client.Changes.
+type Change struct {
+	UserID  string
+	State   string    // protocol.StateOnline, StateAway or StateOffline
+	Version uint64    // as in State
+	At      time.Time // as in State: zero when the change came from a snapshot
+	// Previous is the state held before ("" if none).
+	Previous string
+	// Received is when the frame carrying the change was read off the
+	// socket, before any decoding or queueing: Received.Sub(At) is the
+	// delivery lag (clocks permitting).
+	Received time.Time
+	// FromSnapshot marks a change found by comparing a (re)connect snapshot
+	// with what the client held, rather than one sent as a presence frame.
+	FromSnapshot bool
+}
+
+func (s State) change(previous string, received time.Time, fromSnapshot bool) Change {
+	return Change{UserID: s.UserID, State: s.State, Version: s.Version, At: s.At,
+		Previous: previous, Received: received, FromSnapshot: fromSnapshot}
+}
+
+// presenceMap is the client's view of its visible users. It is a plain value
+// with no locking, goroutines or clock of its own: the Client guards it and
+// passes the receipt time in, and tests drive it by calling it.
+//
+// Entries are the latest version applied per user. An offline change is kept
+// as a tombstone so that an older online can never resurrect the user; a
+// snapshot replaces everything, tombstones included, because a restarted
+// server may start counting versions again from 1.
+type presenceMap struct {
+	users map[string]State
+}
+
+func newPresenceMap() *presenceMap {
+	return &presenceMap{users: make(map[string]State)}
+}
+
+// applySnapshot replaces the map with a snapshot and returns what differs
+// from before: users who appeared or changed state, and an offline for each
+// user who was online or away and is no longer listed. Those users are
+// dropped, not kept offline, so that a restarted server's versions, which
+// may start again from 1, are accepted.
+func (m *presenceMap) applySnapshot(users []protocol.UserState, received time.Time) []Change {
+	next := make(map[string]State, len(users))
+	for _, u := range users {
+		next[u.UserID] = State{UserID: u.UserID, State: u.State, Version: u.Version}
+	}
+	var changes []Change
+	for id, s := range next {
+		old, ok := m.users[id]
+		switch {
+		case ok && old.State == s.State:
+			s.At = old.At
+			next[id] = s
+		case ok:
+			changes = append(changes, s.change(old.State, received, true))
+		case s.State != protocol.StateOffline:
+			changes = append(changes, s.change("", received, true))
+		}
+	}
+	for id, old := range m.users {
+		if _, ok := next[id]; ok || old.State == protocol.StateOffline {
+			continue
+		}
+		gone := State{UserID: id, State: protocol.StateOffline, Version: old.Version}
+		changes = append(changes, gone.change(old.State, received, true))
+	}
+	m.users = next
+	// Map iteration order is random; hand changes out in a stable order.
+	slices.SortFunc(changes, func(a, b Change) int { return strings.Compare(a.UserID, b.UserID) })
+	return changes
+}
+
+// applyChanges applies the changes of one presence frame in order and returns
+// those that were newer than what the map held; the others are dropped.
+func (m *presenceMap) applyChanges(changes []protocol.Change, received time.Time) []Change {
+	var applied []Change
+	for _, ch := range changes {
+		old, ok := m.users[ch.UserID]
+		if ok && ch.Version <= old.Version {
+			continue
+		}
+		s := State{UserID: ch.UserID, State: ch.State, Version: ch.Version}
+		if ch.At != 0 {
+			s.At = time.UnixMilli(ch.At)
+		}
+		m.users[ch.UserID] = s
+		applied = append(applied, s.change(old.State, received, false))
+	}
+	return applied
+}
+
+// get returns the state held for a user, offline tombstones included.
+func (m *presenceMap) get(userID string) (State, bool) {
+	s, ok := m.users[userID]
+	return s, ok
+}
+
+// all returns every user held who is not offline, sorted by user id.
+func (m *presenceMap) all() []State {
+	out := make([]State, 0, len(m.users))
+	for _, s := range m.users {
+		if s.State != protocol.StateOffline {
+			out = append(out, s)
+		}
+	}
+	slices.SortFunc(out, func(a, b State) int { return strings.Compare(a.UserID, b.UserID) })
+	return out
+}
