@@ -28,6 +28,7 @@ const usage = `greendot: a presence server
 usage:
   greendot serve [flags]               run a node (greendot serve -h lists the flags)
   greendot token --secret S --user U   print a signed client token (HS256 JWT)
+  greendot bench <scenario> [flags]    drive a running server and measure it (greendot bench -h)
 `
 
 func main() {
@@ -41,6 +42,8 @@ func main() {
 		err = serve(os.Args[2:], os.Stderr)
 	case "token":
 		err = token(os.Args[2:], os.Stdout)
+	case "bench":
+		err = bench(os.Args[2:], os.Stdout, os.Stderr)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
