@@ -1,0 +1,128 @@
+package protocol
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestDecodeClientFrame(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		code string // "" when valid
+	}{
+		{`{"type":"heartbeat"}`, ""},
+		{`{"type":"heartbeat","id":7}`, ""},
+		{`{"type":"heartbeat","id":"x"}`, ""},
+		{`{"type":"heartbeat","id":null}`, ""},
+		{`{"type":"heartbeat","id":{}}`, CodeBadRequest},
+		{`{"type":"status","state":"away"}`, ""},
+		{`{"type":"status","state":"offline"}`, CodeBadRequest},
+		{`{"type":"query","id":"q","user_ids":[]}`, ""},
+		{`{"type":"query","user_ids":null}`, CodeBadRequest},
+		{`{"type":"query","user_ids":[` + strings.Repeat(`"a",`, 500) + `"a"]}`, CodeTooManyIDs},
+		{`{"type":"nope"}`, CodeUnknownType},
+		{`{"type":null}`, CodeBadRequest},
+		{``, CodeBadRequest},
+		{`null`, CodeBadRequest},
+		{`{"type":"status","state":["online"]}`, CodeBadRequest},
+	} {
+		_, err := DecodeClientFrame([]byte(tc.in))
+		var de *DecodeError
+		switch {
+		case tc.code == "" && err != nil:
+			t.Errorf("%s: %v", tc.in, err)
+		case tc.code != "" && (!errors.As(err, &de) || de.Code != tc.code):
+			t.Errorf("%s: %v, want code %s", tc.in, err, tc.code)
+		}
+	}
+}
+
+func TestValidID(t *testing.T) {
+	for id, want := range map[string]bool{
+		"alice": true, "ünï 🙂": true, "a b": true, strings.Repeat("x", 128): true,
+		"": false, strings.Repeat("x", 129): false, "a\x00": false, "a\nb": false,
+		"\x7f": false, "\u200b": false, string([]byte{0xff}): false, "\u0085": false,
+	} {
+		if got := ValidID(id); got != want {
+			t.Errorf("ValidID(%q) = %v, want %v", id, got, want)
+		}
+	}
+}
+
+func TestUnknownUserPresenceHasOnlyIDAndState(t *testing.T) {
+	b, _ := json.Marshal(UserPresence{UserID: "zed", State: StateUnknown, ConnectionCount: 3})
+	if string(b) != `{"user_id":"zed","state":"unknown"}` {
+		t.Fatalf("unknown = %s", b)
+	}
+	b, _ = json.Marshal(UserPresence{UserID: "bob", State: StateOffline})
+	if string(b) != `{"user_id":"bob","state":"offline","connection_count":0,"devices":[],"last_seen":null,"version":0}` {
+		t.Fatalf("never seen = %s", b)
+	}
+}
+
+// FuzzDecodeClientFrame: the decoder never panics, refuses with a known code
+// and a message, and accepts only frames whose fields make sense.
+func FuzzDecodeClientFrame(f *testing.F) {
+	for _, seed := range []string{
+		`{"type":"heartbeat","id":1}`, `{"type":"status","state":"online"}`,
+		`{"type":"query","id":"q","user_ids":["a","b"]}`, `{"type":"x"}`, `{`, `[]`, `""`,
+		`{"type":"query","user_ids":[{"a":1}]}`, `{"type":"heartbeat","id":"\ud800"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	codes := map[string]bool{CodeBadRequest: true, CodeUnknownType: true, CodeTooManyIDs: true}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fr, err := DecodeClientFrame(data)
+		if err != nil {
+			var de *DecodeError
+			if !errors.As(err, &de) || !codes[de.Code] || de.Message == "" {
+				t.Fatalf("error %v is not a DecodeError with a known code", err)
+			}
+			return
+		}
+		n := 0
+		if fr.Heartbeat != nil {
+			n++
+		}
+		if fr.Status != nil {
+			n++
+			if fr.Status.State != StateOnline && fr.Status.State != StateAway {
+				t.Fatalf("accepted status %q", fr.Status.State)
+			}
+		}
+		if fr.Query != nil {
+			n++
+			if fr.Query.UserIDs == nil || len(fr.Query.UserIDs) > MaxQueryIDs {
+				t.Fatalf("accepted query with %d ids", len(fr.Query.UserIDs))
+			}
+		}
+		if n != 1 {
+			t.Fatalf("decoded %d frames from %q", n, data)
+		}
+	})
+}
+
+func BenchmarkEncodePresence(b *testing.B) {
+	frame := Presence{Type: TypePresence, Changes: []Change{
+		{UserID: "bob", State: StateOnline, Version: 8, At: 1764500000000},
+		{UserID: "carol", State: StateAway, Version: 3, At: 1764500000001},
+	}}
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := json.Marshal(frame); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecodeHeartbeat(b *testing.B) {
+	data := []byte(`{"type":"heartbeat","id":42}`)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := DecodeClientFrame(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
