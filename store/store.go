@@ -83,7 +83,11 @@ type Handler interface {
 // of the change: exactly the teams whose members may hear it.
 type PresenceEvent struct {
 	Change presence.Change
-	Teams  []string
+	Teams  []string // sorted
+	// Via is set when the event arrived on one team's channel: the store
+	// delivers it once per team, and the handler routes it to the members of
+	// Via for whom Via is the first team they share with the subject.
+	Via string
 }
 
 // MembershipEvent says a user joined or left a team.
@@ -94,6 +98,15 @@ type MembershipEvent struct {
 	UserTeams []string // the user's teams after the change
 	State     presence.State
 	Version   uint64 // the user's current presence version
+}
+
+// Watcher is implemented by shared stores whose events about a team reach a
+// node only once it asks for them. The server watches the teams of the users
+// connected to it, and unwatches a team when its last local member leaves.
+type Watcher interface {
+	// Watch returns once events about teams will be delivered.
+	Watch(ctx context.Context, teams []string) error
+	Unwatch(teams []string)
 }
 
 // Observable is implemented by stores that report outcomes to an Observer;

@@ -64,10 +64,19 @@ func Run(t *testing.T, newStore NewStore) {
 			h := &harness{t: t, ctx: context.Background()}
 			h.s = newStore(t, Config{TTL: TTL, Grace: Grace, Node: "node-a"})
 			h.s.Subscribe(h)
+			if w, ok := h.s.(store.Watcher); ok {
+				// A shared store delivers changes only for watched teams.
+				mustDo(t, w.Watch(h.ctx, []string{Everyone, "t1", "t2"}))
+				t.Cleanup(func() { w.Unwatch([]string{Everyone, "t1", "t2"}) })
+			}
 			tt.fn(t, h)
 		})
 	}
 }
+
+// Everyone is the team every user the suite connects joins first, so that
+// its changes have an audience (a shared store publishes to teams only).
+const Everyone = "everyone"
 
 // harness records events and drives sweeps.
 type harness struct {
@@ -82,6 +91,9 @@ type harness struct {
 }
 
 func (h *harness) OnPresence(ev store.PresenceEvent) {
+	if ev.Via != "" && (len(ev.Teams) == 0 || ev.Via != ev.Teams[0]) {
+		return // the same change arrives once per team: keep the first team's
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.changes = append(h.changes, ev.Change)
@@ -92,6 +104,9 @@ func (h *harness) OnPresence(ev store.PresenceEvent) {
 }
 
 func (h *harness) OnMembership(ev store.MembershipEvent) {
+	if ev.Team == Everyone {
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.memberships = append(h.memberships, ev)
@@ -99,6 +114,7 @@ func (h *harness) OnMembership(ev store.MembershipEvent) {
 
 func (h *harness) connect(id, user, device string) {
 	h.t.Helper()
+	mustDo(h.t, h.s.AddMember(h.ctx, Everyone, user))
 	if err := h.s.Connect(h.ctx, presence.Conn{ID: id, UserID: user, Device: device, Node: "node-a"}); err != nil {
 		h.t.Fatalf("connect %s: %v", id, err)
 	}
@@ -177,7 +193,7 @@ func testFirstDeviceOnlineOnce(t *testing.T, h *harness) {
 	h.sweepFor(50 * time.Millisecond)
 	h.expectHistory(0, "bob=online")
 	p := h.presence("bob")
-	if p.State != presence.Online || p.ConnectionCount != 2 || !slices.Equal(p.Devices, []string{"ios", "web"}) || p.Version != 1 {
+	if p.State != presence.Online || p.ConnectionCount != 2 || !slices.Equal(p.Devices, []string{"ios", "web"}) || p.Version != h.lastVersion("bob") {
 		t.Fatalf("presence = %+v", p)
 	}
 }
@@ -195,8 +211,8 @@ func testOfflineAfterGrace(t *testing.T, h *harness) {
 	}
 	h.expectHistory(Grace+time.Second, "bob=online", "bob=offline")
 	p := h.presence("bob")
-	if p.State != presence.Offline || p.Version != 2 {
-		t.Fatalf("after grace: %+v", p)
+	if p.State != presence.Offline || p.Version != h.lastVersion("bob") {
+		t.Fatalf("after grace: %+v, last change version %d", p, h.lastVersion("bob"))
 	}
 	if d := p.LastSeen.Sub(closedAt); d > 100*time.Millisecond || d < -100*time.Millisecond {
 		t.Fatalf("last seen %v, closed at %v", p.LastSeen, closedAt)
@@ -312,6 +328,7 @@ func testMembershipEvents(t *testing.T, h *harness) {
 	mustDo(t, h.s.AddMember(h.ctx, "t2", "bob"))
 	mustDo(t, h.s.RemoveMember(h.ctx, "t1", "bob"))
 	checkFor(t, time.Second, func() error {
+		v := h.lastVersion("bob")
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		var got []string
@@ -319,9 +336,9 @@ func testMembershipEvents(t *testing.T, h *harness) {
 			got = append(got, fmt.Sprintf("%s %s %v %v %s v%d", m.Team, m.UserID, m.Joined, m.UserTeams, m.State, m.Version))
 		}
 		want := []string{
-			"t1 bob true [t1] online v1",
-			"t2 bob true [t1 t2] online v1",
-			"t1 bob false [t2] online v1",
+			fmt.Sprintf("t1 bob true [everyone t1] online v%d", v),
+			fmt.Sprintf("t2 bob true [everyone t1 t2] online v%d", v),
+			fmt.Sprintf("t1 bob false [everyone t2] online v%d", v),
 		}
 		if !slices.Equal(got, want) {
 			return fmt.Errorf("membership events = %q, want %q", got, want)
@@ -338,7 +355,7 @@ func testChangeCarriesTeams(t *testing.T, h *harness) {
 	h.mu.Lock()
 	teams := h.teamsOf["bob"]
 	h.mu.Unlock()
-	expectList(t, "teams on the change", teams, "t1", "t2")
+	expectList(t, "teams on the change", teams, Everyone, "t1", "t2")
 }
 
 func testVersionsIncrease(t *testing.T, h *harness) {
@@ -351,11 +368,24 @@ func testVersionsIncrease(t *testing.T, h *harness) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for i, c := range h.changes {
-		if c.Version != uint64(i+1) {
-			t.Fatalf("change %d has version %d", i, c.Version)
+	for i := 1; i < len(h.changes); i++ {
+		if h.changes[i].Version <= h.changes[i-1].Version {
+			t.Fatalf("change %d has version %d after %d", i, h.changes[i].Version, h.changes[i-1].Version)
 		}
 	}
+}
+
+// lastVersion is the version of the last change recorded for user.
+func (h *harness) lastVersion(user string) uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var v uint64
+	for _, c := range h.changes {
+		if c.UserID == user {
+			v = c.Version
+		}
+	}
+	return v
 }
 
 func repeat(n int, s ...string) []string {

@@ -1,0 +1,219 @@
+package redisstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+)
+
+// flushLoop writes batched heartbeats.
+func (s *Store) flushLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.HeartbeatFlush)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s.flushHeartbeats(ctx)
+		cancel()
+	}
+}
+
+// flushHeartbeats writes one script call per shard with pending heartbeats,
+// in one pipeline, and re-asserts connections Redis no longer knows.
+func (s *Store) flushHeartbeats(ctx context.Context) {
+	s.hbMu.Lock()
+	pending := s.hbPending
+	s.hbPending = make(map[int][]string, len(pending))
+	s.hbMu.Unlock()
+	if len(pending) == 0 {
+		return
+	}
+	calls := make([]call, 0, len(pending))
+	for sh, ids := range pending {
+		ids = dedupe(ids)
+		args := make([]any, 0, len(ids)+2)
+		args = append(args, prefix(sh), s.ttlMS())
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		calls = append(calls, call{key: dlKey(sh), args: args})
+		s.m.pipelineSize.Observe(float64(len(ids)))
+	}
+	start := time.Now()
+	replies, errs := s.evalMany(ctx, s.sc.heartbeat, calls)
+	s.m.scriptLatency.WithLabelValues(store.OpHeartbeat).Observe(time.Since(start).Seconds())
+	var missing []string
+	for i, err := range errs {
+		if err != nil {
+			s.m.errors.WithLabelValues(store.OpHeartbeat).Inc()
+			// An outage: the health check re-asserts everything once Redis
+			// answers again.
+			s.healthy.Store(false)
+			continue
+		}
+		missing = append(missing, asStrings(replies[i])...)
+	}
+	for _, id := range missing {
+		s.reassert(ctx, id)
+	}
+}
+
+func dedupe(ids []string) []string {
+	if len(ids) < 2 {
+		return ids
+	}
+	seen := make(map[string]struct{}, len(ids))
+	out := ids[:0]
+	for _, id := range ids {
+		if _, ok := seen[id]; !ok {
+			seen[id] = struct{}{}
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// reassert writes a live connection Redis lost back into it.
+func (s *Store) reassert(ctx context.Context, id string) {
+	s.mu.Lock()
+	lc, ok := s.conns[id]
+	var c localConn
+	if ok {
+		c = *lc
+	}
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	err := s.connect(ctx, presence.Conn{ID: id, UserID: c.user, Device: c.device, Node: s.cfg.Node}, c.active, true)
+	if err != nil {
+		s.log.Warn("re-assert connection", "err", err)
+		return
+	}
+	s.m.reassertions.Inc()
+}
+
+// beatLoop keeps this node's liveness fresh in every shard.
+func (s *Store) beatLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.NodeTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.NodeTTL/3)
+		s.beat(ctx, false)
+		cancel()
+	}
+}
+
+func (s *Store) beat(ctx context.Context, leaving bool) {
+	_, err := s.evalShards(ctx, s.sc.beat, func(sh int) []any {
+		return []any{prefix(sh), s.cfg.Node, boolArg(leaving)}
+	})
+	if err != nil {
+		s.m.errors.WithLabelValues("beat").Inc()
+		s.healthy.Store(false)
+	}
+}
+
+// healthLoop watches Redis. When it answers again after failing, every live
+// connection of this node is re-asserted and the ones that ended meanwhile
+// are ended in Redis too, before this node reports ready again.
+func (s *Store) healthLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := s.rdb.Ping(ctx).Err()
+		switch {
+		case err != nil:
+			if s.healthy.Swap(false) {
+				s.log.Warn("redis unreachable: keeping connections, publishing nothing", "err", err)
+			}
+			s.m.up.Set(0)
+		case !s.healthy.Load():
+			s.log.Info("redis is back: re-asserting live connections")
+			if s.recover(ctx) == nil {
+				s.healthy.Store(true)
+				s.m.up.Set(1)
+			}
+		default:
+			s.m.up.Set(1)
+		}
+		cancel()
+	}
+}
+
+// recover re-asserts every local connection and reconciles each shard.
+func (s *Store) recover(ctx context.Context) error {
+	s.beat(ctx, false)
+	s.mu.Lock()
+	type entry struct {
+		id string
+		c  localConn
+	}
+	all := make([]entry, 0, len(s.conns))
+	byShard := make(map[int][]any)
+	for id, lc := range s.conns {
+		all = append(all, entry{id, *lc})
+		sh := shardOf(lc.user)
+		byShard[sh] = append(byShard[sh], id)
+	}
+	s.mu.Unlock()
+	if len(all) > 0 {
+		calls := make([]call, len(all))
+		for i, e := range all {
+			sh := shardOf(e.c.user)
+			calls[i] = call{key: dlKey(sh), args: []any{prefix(sh), e.id, e.c.user, e.c.device,
+				s.cfg.Node, s.ttlMS(), boolArg(e.c.active), "1"}}
+		}
+		replies, errs := s.evalMany(ctx, s.sc.connect, calls)
+		for i, v := range replies {
+			if errs[i] == nil {
+				_ = s.apply(ctx, store.OpConnect, v, time.Now())
+			} else if !isRedisReply(errs[i]) {
+				return errs[i]
+			}
+		}
+		s.m.reassertions.Add(float64(len(all)))
+	}
+	_, err := s.evalShards(ctx, s.sc.reconcile, func(sh int) []any {
+		return append([]any{prefix(sh), s.cfg.Node, s.ttlMS(), s.graceMS()}, byShard[sh]...)
+	})
+	if err != nil {
+		return err
+	}
+	if err := s.subs.resubscribe(ctx); err != nil {
+		return err
+	}
+	if r, ok := s.handler.(interface{ OnResync() }); ok {
+		r.OnResync()
+	}
+	return nil
+}
+
+func asStrings(v any) []string {
+	arr, _ := v.([]any)
+	out := make([]string, 0, len(arr))
+	for _, x := range arr {
+		out = append(out, toString(x))
+	}
+	return out
+}

@@ -1,0 +1,54 @@
+-- ARGV: prefix, ttl ms, grace ms, node ttl ms, hold-off ms, batch limit.
+-- One shard's sweep, atomic: whatever it claims, no other node can.
+local ttl, grace, nodettl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local holdoff, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
+local out = new_out()
+-- Nobody swept for over a second: Redis was away, restarted or emptied, or
+-- every node was. Hold off, so live nodes beat and re-assert before anything
+-- of theirs may be taken for dead.
+local last = num(redis.call('GET', P .. 'ls'))
+redis.call('SET', P .. 'ls', NOW_MS)
+if NOW_MS - last > 1000 then
+  redis.call('SET', P .. 'ho', NOW_MS + holdoff)
+  return reply(out)
+end
+if NOW_MS < num(redis.call('GET', P .. 'ho')) then return reply(out) end
+
+-- Connections of dead nodes: released well before their own ttl.
+local dead = redis.call('ZRANGEBYSCORE', P .. 'nodes', '-inf', NOW_MS - nodettl, 'WITHSCORES', 'LIMIT', 0, 10)
+for i = 1, #dead, 2 do
+  local node, beat = dead[i], tonumber(dead[i + 1])
+  local ids = redis.call('SPOP', P .. 'nc:' .. node, limit)
+  for _, id in ipairs(ids) do
+    if remove(id, 2, ttl, grace, out) then
+      table.insert(out.expired, id)
+      table.insert(out.lags, NOW_MS - (beat + nodettl))
+    end
+  end
+  if redis.call('SCARD', P .. 'nc:' .. node) == 0 then
+    redis.call('ZREM', P .. 'nodes', node)
+  end
+end
+
+-- A safety net: a connection silent for ttl past its deadline although its
+-- node lives (the node normally expires its own silent connections).
+local late = redis.call('ZRANGEBYSCORE', DL, '-inf', NOW_MS - ttl, 'WITHSCORES', 'LIMIT', 0, limit)
+for i = 1, #late, 2 do
+  if remove(late[i], 1, ttl, grace, out) then
+    table.insert(out.expired, late[i])
+    table.insert(out.lags, NOW_MS - tonumber(late[i + 1]))
+  end
+end
+
+-- Graces that are over.
+local ends = redis.call('ZRANGEBYSCORE', P .. 'grace', '-inf', NOW_MS, 'LIMIT', 0, limit)
+for _, user in ipairs(ends) do
+  redis.call('ZREM', P .. 'grace', user)
+  local u = P .. 'u:' .. user
+  local g = redis.call('HGET', u, 'grace')
+  if g and tonumber(g) <= NOW_MS and redis.call('HLEN', P .. 'uc:' .. user) == 0 then
+    redis.call('HDEL', u, 'grace')
+    publish_if_changed(user, out)
+  end
+end
+return reply(out)

@@ -1,0 +1,445 @@
+// Package redisstore is the shared store for many greendot nodes: Redis or
+// Redis Cluster is the one source of truth.
+//
+// Every transition (connect, status, disconnect, a shard's sweep) is one Lua
+// script on one cluster slot: a user's keys carry the hash tag of one of
+// numShards shards, together with that shard's deadline and grace sorted sets
+// and its copy of the node liveness set. Two nodes therefore never both
+// publish one change, and an expired entry is claimed by exactly one sweeper.
+// Heartbeats are batched per shard. Deadlines use Redis's clock. Changes are
+// published on sharded Pub/Sub, one channel per team, and a node subscribes
+// only to the teams of its own users. See docs/operations.md.
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+)
+
+// numShards is how many hash tags presence is spread over; it must be the
+// same on every node of a deployment.
+const numShards = 32
+
+// Errors, as store's sentinels.
+var (
+	ErrUnknownConn   = store.ErrUnknownConn
+	ErrDuplicateConn = store.ErrDuplicateConn
+	ErrUnavailable   = store.ErrUnavailable
+)
+
+// Config configures a Store.
+type Config struct {
+	URL   string        // redis://[user:pass@]host:port[/db]; any node of a cluster
+	Node  string        // this node's id; required
+	TTL   time.Duration // 25s
+	Grace time.Duration // 5s
+	// NodeTTL: a node not heard from for this long is dead and its
+	// connections are released. 3s.
+	NodeTTL time.Duration
+	// HoldOff: after a gap in sweeping (Redis away, restarted or emptied),
+	// nothing is expired for this long, so live nodes re-assert first.
+	// NodeTTL + 2s.
+	HoldOff time.Duration
+	// HeartbeatFlush is how often batched heartbeats are written. 500ms, or
+	// TTL/8 when that is shorter.
+	HeartbeatFlush time.Duration
+	Logger         *slog.Logger
+}
+
+type localConn struct {
+	user, device string
+	active       bool
+}
+
+// Store is the Redis store.
+type Store struct {
+	cfg     Config
+	rdb     redis.UniversalClient
+	cluster bool
+	sc      scripts
+	log     *slog.Logger
+	m       *storeMetrics
+
+	obs     store.Observer // set before use
+	handler store.Handler  // set before use
+
+	mu    sync.Mutex
+	conns map[string]*localConn // this node's live connections
+
+	hbMu      sync.Mutex
+	hbPending map[int][]string // shard → connection ids heard from
+
+	subs *subscriber
+
+	healthy atomic.Bool
+	stop    chan struct{} // closed by Close; never sent on
+	wg      sync.WaitGroup
+	closed  atomic.Bool
+}
+
+var (
+	_ store.Store      = (*Store)(nil)
+	_ store.Pinger     = (*Store)(nil)
+	_ store.Observable = (*Store)(nil)
+	_ store.Closer     = (*Store)(nil)
+	_ store.Watcher    = (*Store)(nil)
+)
+
+// New connects to Redis (detecting a cluster from the node given) and
+// starts the store's background work: heartbeat batches, node liveness,
+// subscriptions and the health check that re-asserts connections after an
+// outage. Close stops it.
+func New(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("redisstore: a redis URL is required")
+	}
+	if cfg.Node == "" || strings.ContainsAny(cfg.Node, "\n\r") {
+		return nil, errors.New("redisstore: a node id without line breaks is required")
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = 25 * time.Second
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = 5 * time.Second
+	}
+	if cfg.TTL < 0 || cfg.Grace < 0 {
+		return nil, errors.New("redisstore: ttl and grace must not be negative")
+	}
+	if cfg.NodeTTL == 0 {
+		cfg.NodeTTL = 3 * time.Second
+	}
+	if cfg.HoldOff == 0 {
+		cfg.HoldOff = cfg.NodeTTL + 2*time.Second
+	}
+	if cfg.HeartbeatFlush == 0 {
+		cfg.HeartbeatFlush = min(500*time.Millisecond, cfg.TTL/8)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	opts, err := redis.ParseURL(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: %w", err)
+	}
+	s := &Store{
+		cfg:       cfg,
+		sc:        loadScripts(),
+		log:       cfg.Logger,
+		m:         newStoreMetrics(),
+		conns:     make(map[string]*localConn),
+		hbPending: make(map[int][]string),
+		stop:      make(chan struct{}),
+	}
+	probe := redis.NewClient(opts)
+	info, err := probe.Info(ctx, "cluster").Result()
+	_ = probe.Close()
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: reach %s: %w", opts.Addr, err)
+	}
+	if strings.Contains(info, "cluster_enabled:1") {
+		s.cluster = true
+		s.rdb = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:    []string{opts.Addr},
+			Username: opts.Username,
+			Password: opts.Password,
+		})
+	} else {
+		s.rdb = redis.NewClient(opts)
+	}
+	s.healthy.Store(true)
+	s.subs = newSubscriber(s)
+	if err := s.subs.start(ctx); err != nil {
+		_ = s.rdb.Close()
+		return nil, err
+	}
+	s.beat(ctx, false)
+	s.wg.Add(3)
+	go s.flushLoop()
+	go s.beatLoop()
+	go s.healthLoop()
+	return s, nil
+}
+
+// Cluster reports whether the store talks to a Redis Cluster.
+func (s *Store) Cluster() bool { return s.cluster }
+
+// Subscribe implements store.Store.
+func (s *Store) Subscribe(h store.Handler) { s.handler = h }
+
+// SetObserver implements store.Observable.
+func (s *Store) SetObserver(o store.Observer) { s.obs = o }
+
+// Ping implements store.Pinger.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		return errors.Join(ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Close stops the background work, marks this node as gone so its
+// remaining connections are released at once, and closes the clients.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	close(s.stop)
+	s.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s.flushHeartbeats(ctx)
+	s.beat(ctx, true)
+	s.subs.close()
+	return s.rdb.Close()
+}
+
+func shardOf(user string) int { return int(crc32.ChecksumIEEE([]byte(user)) % numShards) }
+
+func prefix(shard int) string { return fmt.Sprintf("gd:{gd%d}:", shard) }
+
+func dlKey(shard int) string { return prefix(shard) + "dl" }
+
+func teamKey(team string) string { return "gd:{t:" + team + "}:m" }
+
+func (s *Store) ttlMS() int64   { return s.cfg.TTL.Milliseconds() }
+func (s *Store) graceMS() int64 { return s.cfg.Grace.Milliseconds() }
+
+// Connect implements store.Tracker.
+func (s *Store) Connect(ctx context.Context, c presence.Conn) error {
+	return s.connect(ctx, c, true, false)
+}
+
+func (s *Store) connect(ctx context.Context, c presence.Conn, active, assert bool) error {
+	start := time.Now()
+	if !assert {
+		// Redis checks ids within the user's shard; ids are random, and this
+		// node's own are checked here across shards.
+		s.mu.Lock()
+		lc, dup := s.conns[c.ID]
+		s.mu.Unlock()
+		if dup && lc.user != c.UserID {
+			return ErrDuplicateConn
+		}
+	}
+	if c.Node == "" {
+		c.Node = s.cfg.Node
+	}
+	sh := shardOf(c.UserID)
+	v, err := run(ctx, s.rdb, s.sc.connect, []string{dlKey(sh)},
+		prefix(sh), c.ID, c.UserID, c.Device, c.Node, s.ttlMS(), boolArg(active), boolArg(assert))
+	if err != nil {
+		return s.failed(store.OpConnect, fmt.Errorf("redisstore: connect: %w", scriptErr(err)))
+	}
+	s.mu.Lock()
+	s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, active: active}
+	s.mu.Unlock()
+	return s.apply(ctx, store.OpConnect, v, start)
+}
+
+// Heartbeat implements store.Tracker: it only queues the id; a batch per
+// shard is written every HeartbeatFlush.
+func (s *Store) Heartbeat(_ context.Context, connID string) error {
+	s.mu.Lock()
+	lc, ok := s.conns[connID]
+	s.mu.Unlock()
+	if !ok {
+		return ErrUnknownConn
+	}
+	sh := shardOf(lc.user)
+	s.hbMu.Lock()
+	s.hbPending[sh] = append(s.hbPending[sh], connID)
+	s.hbMu.Unlock()
+	return nil
+}
+
+// SetStatus implements store.Tracker.
+func (s *Store) SetStatus(ctx context.Context, connID string, active bool) error {
+	start := time.Now()
+	s.mu.Lock()
+	lc, ok := s.conns[connID]
+	if ok {
+		lc.active = active
+	}
+	s.mu.Unlock()
+	if !ok {
+		return ErrUnknownConn
+	}
+	sh := shardOf(lc.user)
+	v, err := run(ctx, s.rdb, s.sc.status, []string{dlKey(sh)}, prefix(sh), connID, boolArg(active), s.ttlMS())
+	if err != nil {
+		err = scriptErr(err)
+		if errors.Is(err, ErrUnknownConn) {
+			return err
+		}
+		return s.failed(store.OpStatus, fmt.Errorf("redisstore: status: %w", err))
+	}
+	return s.apply(ctx, store.OpStatus, v, start)
+}
+
+// Disconnect implements store.Tracker. The connection leaves this node's
+// books even if Redis is unreachable; reconciliation ends it there later.
+func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Cause) error {
+	start := time.Now()
+	s.mu.Lock()
+	lc, ok := s.conns[connID]
+	delete(s.conns, connID)
+	s.mu.Unlock()
+	if !ok {
+		return ErrUnknownConn
+	}
+	sh := shardOf(lc.user)
+	v, err := run(ctx, s.rdb, s.sc.disconnect, []string{dlKey(sh)},
+		prefix(sh), connID, int(cause), s.ttlMS(), s.graceMS())
+	if err != nil {
+		err = scriptErr(err)
+		if errors.Is(err, ErrUnknownConn) {
+			return err
+		}
+		return s.failed(store.OpDisconnect, fmt.Errorf("redisstore: disconnect: %w", err))
+	}
+	return s.apply(ctx, store.OpDisconnect, v, start)
+}
+
+// Sweep implements store.Tracker: one atomic script per shard, pipelined.
+func (s *Store) Sweep(ctx context.Context) error {
+	start := time.Now()
+	args := func(sh int) []any {
+		return []any{prefix(sh), s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
+			s.cfg.HoldOff.Milliseconds(), 500}
+	}
+	replies, err := s.evalShards(ctx, s.sc.sweep, args)
+	if err != nil {
+		return s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep: %w", err))
+	}
+	s.m.sweeps.Inc()
+	var firstErr error
+	for _, v := range replies {
+		if err := s.apply(ctx, store.OpSweep, v, start); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+// evalShards runs script once per shard in one pipeline.
+func (s *Store) evalShards(ctx context.Context, script *redis.Script, args func(sh int) []any) ([]any, error) {
+	calls := make([]call, numShards)
+	for sh := range calls {
+		calls[sh] = call{key: dlKey(sh), args: args(sh)}
+	}
+	replies, errs := s.evalMany(ctx, script, calls)
+	out := replies[:0]
+	var firstErr error
+	for i, err := range errs {
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		out = append(out, replies[i])
+	}
+	return out, firstErr
+}
+
+// call is one script invocation: its shard key and arguments.
+type call struct {
+	key  string
+	args []any
+}
+
+// evalMany runs script for every call in one pipeline, loading the script
+// and trying again once if Redis lost it. errs[i] is the error of call i.
+func (s *Store) evalMany(ctx context.Context, script *redis.Script, calls []call) ([]any, []error) {
+	replies := make([]any, len(calls))
+	errs := make([]error, len(calls))
+	for attempt := 0; attempt < 2; attempt++ {
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(calls))
+		for i, c := range calls {
+			cmds[i] = script.EvalSha(ctx, pipe, []string{c.key}, c.args...)
+		}
+		_, _ = pipe.Exec(ctx)
+		noScript := false
+		for i, c := range cmds {
+			replies[i], errs[i] = c.Result()
+			if errs[i] != nil && redis.HasErrorPrefix(errs[i], "NOSCRIPT") {
+				noScript = true
+			}
+		}
+		if !noScript || attempt == 1 {
+			break
+		}
+		if err := s.loadScript(ctx, script); err != nil {
+			for i := range errs {
+				errs[i] = err
+			}
+			break
+		}
+	}
+	return replies, errs
+}
+
+// isRedisReply reports whether err is an error reply from a script (as
+// opposed to a connection failure).
+func isRedisReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// loadScript loads a script on every master (Redis lost its script cache).
+func (s *Store) loadScript(ctx context.Context, script *redis.Script) error {
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return script.Load(ctx, c).Err()
+		})
+	}
+	return script.Load(ctx, s.rdb).Err()
+}
+
+// apply publishes a transition's changes and reports it.
+func (s *Store) apply(ctx context.Context, op string, v any, start time.Time) error {
+	out, err := parseOutcome(v)
+	if err != nil {
+		return err
+	}
+	if len(out.Expired) > 0 {
+		s.mu.Lock()
+		for _, c := range out.Expired {
+			delete(s.conns, c.ID)
+		}
+		s.mu.Unlock()
+	}
+	if len(out.Changes) > 0 {
+		s.publishChanges(ctx, out)
+	}
+	s.m.scriptLatency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if s.obs != nil {
+		s.obs.ObserveOutcome(op, out.Outcome, time.Since(start))
+	}
+	return nil
+}
+
+func (s *Store) failed(op string, err error) error {
+	s.m.errors.WithLabelValues(op).Inc()
+	return err
+}
+
+func boolArg(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}

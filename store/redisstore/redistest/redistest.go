@@ -1,0 +1,240 @@
+// Package redistest starts real redis-server processes for tests: a single
+// server or a local Redis Cluster, on free ports, which a test can stop,
+// restart and flush. Nothing is mocked, and a Redis that happens to run on
+// the machine is never used.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Server is one redis-server process.
+type Server struct {
+	t    testing.TB
+	Port int
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+}
+
+// Addr is host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// URL is the redis:// URL of the server.
+func (s *Server) URL() string { return "redis://" + s.Addr() }
+
+func requireBinaries(t testing.TB) {
+	t.Helper()
+	for _, bin := range []string{"redis-server", "redis-cli"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Fatalf("%s not found: these tests start their own Redis; install it with `apt-get install -y redis-server`", bin)
+		}
+	}
+}
+
+// Start starts a redis-server (no persistence unless extra args ask for
+// it) and stops it when the test ends.
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	requireBinaries(t)
+	s := &Server{t: t, dir: t.TempDir()}
+	s.args = append([]string{"--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
+		"--protected-mode", "no", "--dir", s.dir}, extra...)
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		s.Port = freePort(t)
+		if err = s.start(); err == nil {
+			t.Cleanup(s.Stop)
+			return s
+		}
+	}
+	t.Fatalf("redistest: start redis-server: %v", err)
+	return nil
+}
+
+func (s *Server) start() error {
+	args := append([]string{"--port", strconv.Itoa(s.Port)}, s.args...)
+	cmd := exec.Command("redis-server", args...)
+	cmd.Dir = s.dir
+	logf, err := os.Create(filepath.Join(s.dir, fmt.Sprintf("redis-%d.log", time.Now().UnixNano())))
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	s.cmd, s.done = cmd, done
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if reply, err := s.Do("PING"); err == nil && reply == "PONG" {
+			return nil
+		}
+		select {
+		case <-done:
+			deadline = time.Time{} // exited: stop waiting
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	_ = cmd.Process.Kill()
+	<-done
+	log, _ := os.ReadFile(logf.Name())
+	return fmt.Errorf("redis-server on port %d did not answer PING: %s", s.Port, lastLines(string(log), 5))
+}
+
+// Stop kills the server (SIGKILL: nothing is saved on the way out).
+func (s *Server) Stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+}
+
+// Restart starts the server again on the same port and directory.
+func (s *Server) Restart() {
+	s.t.Helper()
+	var err error
+	for attempt := 0; attempt < 20; attempt++ {
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.t.Fatalf("redistest: restart: %v", err)
+}
+
+// Do runs one command with redis-cli-free RESP over a fresh connection and
+// returns a simple reply (status, integer or bulk string) as text.
+func (s *Server) Do(args ...string) (string, error) {
+	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := c.Write([]byte(b.String())); err != nil {
+		return "", err
+	}
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	switch line[0] {
+	case '+', ':':
+		return line[1:], nil
+	case '-':
+		return "", fmt.Errorf("redis: %s", line[1:])
+	case '$':
+		n, _ := strconv.Atoi(line[1:])
+		if n < 0 {
+			return "", nil
+		}
+		buf := make([]byte, n+2)
+		if _, err := ioReadFull(r, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+	return line, nil
+}
+
+// Cluster is a local Redis Cluster of masters only.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// URL points at the first node; greendot discovers the rest.
+func (c *Cluster) URL() string { return c.Nodes[0].URL() }
+
+// StartCluster starts n masters and joins them into a cluster.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	requireBinaries(t)
+	c := &Cluster{}
+	var addrs []string
+	for i := 0; i < n; i++ {
+		s := Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "2000")
+		c.Nodes = append(c.Nodes, s)
+		addrs = append(addrs, s.Addr())
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ok := true
+		for _, s := range c.Nodes {
+			info, err := s.Do("CLUSTER", "INFO")
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("redistest: cluster did not reach cluster_state:ok within 20s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func ioReadFull(r *bufio.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

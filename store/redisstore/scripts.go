@@ -1,0 +1,130 @@
+package redisstore
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/greendot/greendot/presence"
+)
+
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// scripts are the atomic transitions, each prefixed with the shared prelude.
+type scripts struct {
+	connect, heartbeat, status, disconnect, sweep, beat, presence, reconcile *redis.Script
+}
+
+func loadScripts() scripts {
+	prelude := mustRead("prelude")
+	s := func(name string) *redis.Script { return redis.NewScript(prelude + "\n" + mustRead(name)) }
+	return scripts{
+		connect: s("connect"), heartbeat: s("heartbeat"), status: s("status"),
+		disconnect: s("disconnect"), sweep: s("sweep"), beat: s("beat"),
+		presence: s("presence"), reconcile: s("reconcile"),
+	}
+}
+
+func mustRead(name string) string {
+	b, err := luaFiles.ReadFile("lua/" + name + ".lua")
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	return string(b)
+}
+
+// run evaluates a script, loading it first if Redis lost it.
+func run(ctx context.Context, c redis.Scripter, s *redis.Script, keys []string, args ...any) (any, error) {
+	return s.Run(ctx, c, keys, args...).Result()
+}
+
+// outcome decodes a transition's reply (see reply() in prelude.lua).
+type outcome struct {
+	presence.Outcome
+	teams [][]string // per change
+}
+
+func parseOutcome(v any) (outcome, error) {
+	var out outcome
+	r, ok := v.([]any)
+	if !ok || len(r) < 4 {
+		return out, fmt.Errorf("redisstore: unexpected script reply %T", v)
+	}
+	out.GraceCancelled = int(toInt(r[0]))
+	out.GraceStarted = int(toInt(r[1]))
+	expired, _ := r[2].([]any)
+	lags, _ := r[3].([]any)
+	for i, id := range expired {
+		out.Expired = append(out.Expired, presence.Conn{ID: toString(id)})
+		if i < len(lags) {
+			out.ExpiryLag = append(out.ExpiryLag, time.Duration(toInt(lags[i]))*time.Millisecond)
+		}
+	}
+	for _, c := range r[4:] {
+		ch, ok := c.([]any)
+		if !ok || len(ch) < 5 {
+			return out, fmt.Errorf("redisstore: unexpected change %v", c)
+		}
+		version, err := strconv.ParseUint(toString(ch[2]), 10, 64)
+		if err != nil {
+			return out, fmt.Errorf("redisstore: bad version %v", ch[2])
+		}
+		out.Changes = append(out.Changes, presence.Change{
+			UserID:  toString(ch[0]),
+			State:   presence.State(toInt(ch[1])),
+			Version: version,
+			At:      time.UnixMilli(toInt(ch[3])),
+		})
+		var teams []string
+		if ts, ok := ch[4].([]any); ok {
+			for _, t := range ts {
+				teams = append(teams, toString(t))
+			}
+		}
+		out.teams = append(out.teams, teams)
+	}
+	return out, nil
+}
+
+// scriptErr maps a script's error reply to the store's sentinel errors.
+func scriptErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "UNKNOWN connection"):
+		return ErrUnknownConn
+	case strings.Contains(msg, "DUPLICATE connection"):
+		return ErrDuplicateConn
+	}
+	return errors.Join(ErrUnavailable, err)
+}
+
+func toInt(v any) int64 {
+	switch v := v.(type) {
+	case int64:
+		return v
+	case string:
+		n, _ := strconv.ParseInt(v, 10, 64)
+		return n
+	}
+	return 0
+}
+
+func toString(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case int64:
+		return strconv.FormatInt(v, 10)
+	}
+	return fmt.Sprint(v)
+}
