@@ -122,8 +122,6 @@ func (t *Tracker) Advance(now time.Time) Outcome {
 			heap.Push(&t.expiry, deadline{at: ce.deadline, key: d.key}) // heard from since
 			continue
 		}
-		out.Expired = append(out.Expired, ce.Conn)
-		out.ExpiryLag = append(out.ExpiryLag, now.Sub(ce.deadline))
 		t.removeLocked(now, ce, Expired, &out)
 	}
 	for t.graces.Len() > 0 && !t.graces.peek().at.After(now) {
@@ -203,6 +201,10 @@ func (t *Tracker) removeLocked(now time.Time, ce *connEntry, cause Cause, out *O
 			u.conns = append(u.conns[:i], u.conns[i+1:]...)
 			break
 		}
+	}
+	if cause == Expired {
+		out.Expired = append(out.Expired, ce.Conn)
+		out.ExpiryLag = append(out.ExpiryLag, max(0, now.Sub(ce.deadline)))
 	}
 	seen := ce.lastSeen
 	if cause == Closed && now.After(seen) {

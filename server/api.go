@@ -76,6 +76,10 @@ func (s *Server) handleQuery(ctx context.Context, w http.ResponseWriter, r *http
 	body := http.MaxBytesReader(w, r.Body, 1<<20)
 	dec := json.NewDecoder(body)
 	if err := dec.Decode(&req); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return &httpError{status: http.StatusRequestEntityTooLarge, code: protocol.CodeBadRequest, message: "body larger than 1 MiB"}
+		}
 		return badRequest(`body must be {"user_ids":[…]}`)
 	}
 	if _, err := dec.Token(); err != io.EOF {

@@ -57,7 +57,7 @@ func (a *authenticator) authenticate(r *http.Request) (identity, error) {
 			return identity{}, errors.New("this server has no --jwt-secret to verify tokens; in dev mode connect with ?user=<id>")
 		}
 		user := q.Get("user")
-		if !hasUser || user == "" {
+		if !hasUser {
 			return identity{}, errors.New("dev mode: connect with ?user=<id>")
 		}
 		if !protocol.ValidID(user) {

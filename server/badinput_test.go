@@ -148,13 +148,14 @@ func TestConnectRejectsHostileIDs(t *testing.T) {
 		"user=" + url.QueryEscape(string([]byte{0xff, 0xfe})),
 		"user=alice&device=" + url.QueryEscape("\x1b[31m"),
 		"user=alice&device=",
+		"user=",
 	} {
 		_, resp, err := ts.dialRaw(t, q)
 		if err == nil || resp == nil || resp.StatusCode != 400 {
 			t.Fatalf("%q: %v %v, want 400", q, err, resp)
 		}
 	}
-	for _, q := range []string{"", "user=", "token=abc"} {
+	for _, q := range []string{"", "device=web", "token=abc"} {
 		_, resp, err := ts.dialRaw(t, q)
 		if err == nil || resp == nil || resp.StatusCode != 401 {
 			t.Fatalf("%q: %v %v, want 401", q, err, resp)
@@ -391,4 +392,45 @@ func TestDrainSendsReconnectThen1012(t *testing.T) {
 	if _, _, err := ts.dialRaw(t, "user=carol"); err == nil {
 		t.Fatal("a drained node accepted a connection")
 	}
+}
+
+func TestHTTPErrorsAreJSON(t *testing.T) {
+	ts := startServer(t)
+	for _, tc := range []struct {
+		method, path, body string
+		code               int
+	}{
+		{"POST", "/v1/users/bob/presence", "", 405},
+		{"GET", "/v1/presence/query", "", 405},
+		{"POST", "/v1/connect", "", 405},
+		{"PATCH", "/v1/teams/t/members/bob", "", 405},
+		{"GET", "/v1/connect?user=bob", "", 400}, // no upgrade headers
+		{"POST", "/v1/presence/query", `{"user_ids":["` + strings.Repeat("x", 2<<20) + `"]}`, 413},
+	} {
+		code, body := ts.do(tc.method, tc.path, tc.body)
+		if code != tc.code || !strings.Contains(body, `"error":{"code":`) {
+			t.Errorf("%s %s: %d %.200s, want %d with a JSON error", tc.method, tc.path, code, body, tc.code)
+		}
+	}
+}
+
+// A join into a big team catches the joiner up in bulk: that is no reason
+// to take the joiner for a slow reader.
+func TestJoiningABigTeamIsNotSlow(t *testing.T) {
+	ts := startServer(t, func(c *server.Config) { c.MaxPending = 5 })
+	var members []string
+	for i := 0; i < 12; i++ {
+		members = append(members, fmt.Sprint("m", i))
+	}
+	ts.join("big", members...)
+	for _, m := range members {
+		ts.dial(t, m)
+	}
+	joiner := ts.dial(t, "joiner")
+	ts.join("big", "joiner")
+	got := joiner.changes(time.Second)
+	if len(got) != len(members) {
+		t.Fatalf("joiner got %d changes %v, want %d", len(got), got, len(members))
+	}
+	joiner.stillServes()
 }

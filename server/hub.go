@@ -87,35 +87,75 @@ func (h *hub) loadTeams(ctx context.Context, lu *localUser) error {
 			h.mu.Unlock()
 			continue
 		}
+		var created []string
 		if lu.teams == nil {
 			lu.teams = make(map[string]struct{}, len(teams))
 			for _, t := range teams {
-				h.joinLocked(lu, t)
+				if h.joinLocked(lu, t) {
+					created = append(created, t)
+				}
 			}
 		}
 		h.mu.Unlock()
-		return nil
+		// Before the snapshot is read, so no change in between is missed.
+		return h.watch(ctx, created)
 	}
 }
 
-func (h *hub) joinLocked(lu *localUser, team string) {
+// joinLocked indexes lu under team; it reports whether team is new here.
+func (h *hub) joinLocked(lu *localUser, team string) bool {
 	lu.teams[team] = struct{}{}
 	set := h.byTeam[team]
-	if set == nil {
+	created := set == nil
+	if created {
 		set = make(map[*localUser]struct{})
 		h.byTeam[team] = set
 	}
 	set[lu] = struct{}{}
+	return created
 }
 
-func (h *hub) leaveLocked(lu *localUser, team string) {
+// leaveLocked unindexes lu from team; it reports whether team is gone here.
+func (h *hub) leaveLocked(lu *localUser, team string) bool {
 	delete(lu.teams, team)
 	if set := h.byTeam[team]; set != nil {
 		delete(set, lu)
 		if len(set) == 0 {
 			delete(h.byTeam, team)
+			return true
 		}
 	}
+	return false
+}
+
+// watch asks a shared store for the events of teams that gained their first
+// local member; unwatch (on the worker) gives them back. The store counts,
+// so every creation and every removal of a team here makes exactly one call.
+func (h *hub) watch(ctx context.Context, teams []string) error {
+	w, ok := h.srv.store.(store.Watcher)
+	if !ok || len(teams) == 0 {
+		return nil
+	}
+	return w.Watch(ctx, teams)
+}
+
+func (h *hub) unwatchLater(teams []string) {
+	w, ok := h.srv.store.(store.Watcher)
+	if !ok || len(teams) == 0 {
+		return
+	}
+	h.enqueue(func(context.Context) { w.Unwatch(teams) })
+}
+
+func (h *hub) watchLater(teams []string) {
+	if _, ok := h.srv.store.(store.Watcher); !ok || len(teams) == 0 {
+		return
+	}
+	h.enqueue(func(ctx context.Context) {
+		if err := h.watch(ctx, teams); err != nil {
+			h.srv.log.Warn("watch teams", "err", err)
+		}
+	})
 }
 
 // remove unregisters c; the last connection of a user drops the user.
@@ -136,10 +176,14 @@ func (h *hub) remove(c *client) {
 	if len(lu.conns) > 0 {
 		return
 	}
+	var gone []string
 	for t := range lu.teams {
-		h.leaveLocked(lu, t)
+		if h.leaveLocked(lu, t) {
+			gone = append(gone, t)
+		}
 	}
 	delete(h.users, c.user)
+	h.unwatchLater(gone)
 }
 
 func (h *hub) count() int {
@@ -170,6 +214,22 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 	h.srv.metrics.changes.WithLabelValues(ch.State).Inc()
 	n := 0
 	h.mu.RLock()
+	if ev.Via != "" {
+		// One of several copies, one per team: deliver to the members for
+		// whom Via is the first team they share with the subject.
+		for lu := range h.byTeam[ev.Via] {
+			if lu.id == ch.UserID || firstShared(lu.teams, ev.Teams) != ev.Via {
+				continue
+			}
+			for _, c := range lu.conns {
+				c.push(ch, false)
+				n++
+			}
+		}
+		h.mu.RUnlock()
+		h.srv.metrics.fanout.Observe(float64(n))
+		return
+	}
 	var seen map[*localUser]struct{}
 	if len(ev.Teams) > 1 {
 		seen = make(map[*localUser]struct{})
@@ -186,7 +246,7 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 				seen[lu] = struct{}{}
 			}
 			for _, c := range lu.conns {
-				c.push(ch)
+				c.push(ch, false)
 				n++
 			}
 		}
@@ -209,10 +269,16 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	subject := h.users[ev.UserID]
 	if subject != nil && subject.teams != nil {
 		subject.gen++
-		if ev.Joined {
-			h.joinLocked(subject, ev.Team)
-		} else {
-			h.leaveLocked(subject, ev.Team)
+		_, member := subject.teams[ev.Team]
+		switch {
+		case ev.Joined && !member:
+			if h.joinLocked(subject, ev.Team) {
+				h.watchLater([]string{ev.Team})
+			}
+		case !ev.Joined && member:
+			if h.leaveLocked(subject, ev.Team) {
+				h.unwatchLater([]string{ev.Team})
+			}
 		}
 	} else if subject != nil {
 		subject.gen++ // a load is under way; it will read again
@@ -224,7 +290,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		for _, c := range lu.conns {
 			if ev.Joined {
 				if ev.State != presence.Offline {
-					c.push(protocol.Change{UserID: ev.UserID, State: ev.State.String(), Version: ev.Version, At: h.srv.cfg.Now().UnixMilli()})
+					c.push(protocol.Change{UserID: ev.UserID, State: ev.State.String(), Version: ev.Version, At: h.srv.cfg.Now().UnixMilli()}, true)
 				}
 			} else {
 				c.drop(ev.UserID)
@@ -294,10 +360,20 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 		}
 		for _, p := range ps {
 			if p.State != presence.Offline {
-				c.push(protocol.Change{UserID: p.UserID, State: p.State.String(), Version: p.Version, At: now})
+				c.push(protocol.Change{UserID: p.UserID, State: p.State.String(), Version: p.Version, At: now}, true)
 			}
 		}
 	}
+}
+
+// firstShared is the first of teams (sorted) that mine contains.
+func firstShared(mine map[string]struct{}, teams []string) string {
+	for _, t := range teams {
+		if _, ok := mine[t]; ok {
+			return t
+		}
+	}
+	return ""
 }
 
 func sharesSet(a, b map[string]struct{}) bool {
@@ -314,6 +390,34 @@ func sharesSet(a, b map[string]struct{}) bool {
 
 func wireChange(c presence.Change) protocol.Change {
 	return protocol.Change{UserID: c.UserID, State: c.State.String(), Version: c.Version, At: c.At.UnixMilli()}
+}
+
+// OnResync is called by a shared store when it may have missed events (it
+// lost Redis for a while): every local connection is sent the current state
+// of the users it may see. Clients drop what they already hold.
+func (h *hub) OnResync() {
+	h.enqueue(func(ctx context.Context) {
+		h.mu.RLock()
+		users := make([]*localUser, 0, len(h.users))
+		for _, lu := range h.users {
+			users = append(users, lu)
+		}
+		h.mu.RUnlock()
+		for _, lu := range users {
+			ps, err := h.srv.snapshot(ctx, lu.id, h.teamsOf(lu.id))
+			if err != nil {
+				h.srv.log.Warn("resync", "err", err)
+				return
+			}
+			h.mu.RLock()
+			for _, c := range lu.conns {
+				for _, p := range ps {
+					c.push(protocol.Change{UserID: p.UserID, State: p.State.String(), Version: p.Version, At: p.LastSeen.UnixMilli()}, true)
+				}
+			}
+			h.mu.RUnlock()
+		}
+	})
 }
 
 // markDirty puts c on the flusher's list.

@@ -95,9 +95,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.connectsRejected, m.heartbeatGap, m.expirations, m.detectionLag, m.graceStarted,
 		m.graceCancellations, m.changes, m.fanout, m.deliveries, m.coalesced, m.dropped,
 		m.slowDisconnects, m.storeLatency, m.storeErrors,
-		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: ns}),
 	)
+	// Every name carries the greendot_ prefix, the Go runtime's too
+	// (greendot_go_memstats_heap_alloc_bytes, …).
+	prometheus.WrapRegistererWithPrefix(ns+"_", reg).MustRegister(collectors.NewGoCollector())
 	// Pre-create label values so dashboards see zeros, not gaps.
 	for _, r := range []string{reasonBadRequest, reasonUnknownType, reasonRateLimited, reasonBinary} {
 		m.framesRejected.WithLabelValues(r)

@@ -32,6 +32,7 @@ type client struct {
 	lastFrame  atomic.Int64 // unix nanos of the last frame received
 	registered atomic.Bool  // the store knows this connection
 	closed     atomic.Bool
+	closeFrame atomic.Bool // the close was clean: a close frame, either way
 
 	// Only the frame handler touches these; nbio calls it serially.
 	tokens    float64
@@ -72,8 +73,10 @@ func (c *client) allow(now time.Time) bool {
 	return false
 }
 
-// push queues a change for this connection without blocking.
-func (c *client) push(ch protocol.Change) {
+// push queues a change for this connection without blocking. A bulk push
+// (catching a viewer up after a team join or an outage) may queue past
+// MaxPending: it is the server's doing, not a sign of a slow reader.
+func (c *client) push(ch protocol.Change, bulk bool) {
 	m := c.srv.metrics
 	c.mu.Lock()
 	if c.pending == nil {
@@ -90,7 +93,7 @@ func (c *client) push(ch protocol.Change) {
 		c.order = append(c.order, ch.UserID)
 	}
 	c.pending[ch.UserID] = ch
-	slow := len(c.pending) > c.srv.cfg.MaxPending
+	slow := !bulk && len(c.pending) > c.srv.cfg.MaxPending
 	schedule := c.ready && !c.queued && !slow
 	if schedule {
 		c.queued = true
@@ -98,6 +101,7 @@ func (c *client) push(ch protocol.Change) {
 	c.mu.Unlock()
 	if slow {
 		m.slowDisconnects.Inc()
+		m.dropped.WithLabelValues(reasonSlow).Add(float64(c.srv.cfg.MaxPending))
 		c.closeWith(protocol.CloseTryAgainLater, "slow consumer")
 		return
 	}
@@ -200,6 +204,7 @@ func (c *client) closeWith(code int, reason string) {
 	if c.closed.Swap(true) {
 		return
 	}
+	c.closeFrame.Store(true)
 	_ = c.ws.WriteClose(code, reason)
 	_ = c.ws.Close()
 }

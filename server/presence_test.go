@@ -2,11 +2,15 @@ package server_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/greendot/greendot/server"
+	"github.com/greendot/greendot/store/memstore"
 )
 
 // Settle is how long a test waits to be sure nothing more arrives: past the
@@ -72,9 +76,11 @@ func TestManyDevicesOneDot(t *testing.T) {
 	}
 	alice.expectQuiet(settle)
 	p = ts.presenceOf("bob")
+	// The test client drops TCP without a close frame: last_seen is its
+	// last heartbeat, at most one interval before the drop.
 	last, ok := p["last_seen"].(float64)
-	if p["state"] != "offline" || !ok || int64(last) < closedAt-200 || int64(last) > closedAt+200 {
-		t.Fatalf("presence = %v, want offline, last seen near %d", p, closedAt)
+	if p["state"] != "offline" || !ok || int64(last) < closedAt-testHeartbeat.Milliseconds()-100 || int64(last) > closedAt+50 {
+		t.Fatalf("presence = %v, want offline, last seen within a heartbeat before %d", p, closedAt)
 	}
 }
 
@@ -329,4 +335,66 @@ func TestHealthAndReady(t *testing.T) {
 			t.Fatalf("%s: %d %s", path, code, body)
 		}
 	}
+}
+
+// A clean close is a sign of life; a dropped socket is not.
+func TestLastSeenCleanCloseVersusDrop(t *testing.T) {
+	ts := startServer(t)
+	for _, clean := range []bool{true, false} {
+		user := fmt.Sprint("u-", clean)
+		c := ts.dialSilent(t, user)
+		lastFrame := time.Now().UnixMilli()
+		time.Sleep(500 * time.Millisecond)
+		closedAt := time.Now().UnixMilli()
+		if clean {
+			_ = c.conn.Close(websocket.StatusNormalClosure, "bye")
+		} else {
+			_ = c.conn.CloseNow()
+		}
+		checkFor(t, 3*time.Second, func() error {
+			p := ts.presenceOf(user)
+			if p["state"] != "offline" {
+				return errorf("%s = %v", user, p)
+			}
+			last := int64(p["last_seen"].(float64))
+			want := lastFrame
+			if clean {
+				want = closedAt
+			}
+			if last < want-100 || last > want+100 {
+				return errorf("clean=%v: last_seen %d, want ~%d", clean, last, want)
+			}
+			return nil
+		})
+	}
+}
+
+func TestZeroGracePublishesOfflineAtOnce(t *testing.T) {
+	ts := startServer(t, func(c *server.Config) {
+		st, _ := memstore.New(memstore.Config{TTL: testTTL})
+		c.Store, c.Grace = st, 0
+	})
+	ts.join("t1", "alice", "bob")
+	alice := ts.dial(t, "alice")
+	bob := ts.dial(t, "bob")
+	alice.expectChanges(time.Second, "bob=online")
+	start := time.Now()
+	bob.close()
+	alice.expectChanges(time.Second, "bob=offline")
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Fatalf("offline after %v with no grace", d)
+	}
+}
+
+// Expiry by the server's read deadline is counted as an expiration.
+func TestExpiryIsCounted(t *testing.T) {
+	ts := startServer(t)
+	ts.dialSilent(t, "bob")
+	checkFor(t, 5*time.Second, func() error {
+		_, body := ts.do("GET", "/metrics", "")
+		if !strings.Contains(body, "greendot_expirations_total 1") || !strings.Contains(body, "greendot_offline_detection_lag_seconds_count 1") {
+			return errorf("expiry not counted")
+		}
+		return nil
+	})
 }

@@ -172,7 +172,7 @@ func (s *Server) Start() error {
 		// A reader that lets this much pile up unsent is disconnected.
 		MaxWriteBufferSize: s.cfg.MaxWriteBuffer,
 		ReadBufferSize:     16 << 10,
-		MaxHTTPBodySize:    1 << 20,
+		MaxHTTPBodySize:    4 << 20, // above the API's 1 MiB, so it answers 413 itself
 		KeepaliveTime:      2 * time.Minute,
 	}
 	s.engine = nbhttp.NewEngine(ncfg)
@@ -234,13 +234,15 @@ func (s *Server) Addr() string { return s.addr }
 func (s *Server) Shutdown(ctx context.Context) error {
 	var err error
 	s.stopOnce.Do(func() {
+		// Not ready, and new connections get 503, while clients are moved:
+		// a load balancer sees the node leave before its port closes.
 		s.draining.Store(true)
-		if s.ln != nil {
-			_ = s.ln.Close() // stop accepting
-		}
 		s.hub.drainAll(s.cfg.DrainSpread)
 		// Give closes a moment to be handled, so their users enter grace.
 		waitUntil(ctx, 2*time.Second, func() bool { return s.hub.count() == 0 })
+		if s.ln != nil {
+			_ = s.ln.Close()
+		}
 		close(s.stop)
 		if s.engine != nil {
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -294,7 +296,18 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("DELETE /v1/teams/{team}/members/{user}", s.api(s.handleRemoveMember))
 	mux.HandleFunc("GET /healthz", s.handleHealthz)
 	mux.HandleFunc("GET /readyz", s.handleReadyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	// The same paths with any other method: a JSON 405, not the catch-all 404.
+	for path, allowed := range map[string]string{
+		"/v1/connect": "GET", "/v1/users/{user}/presence": "GET", "/v1/presence/query": "POST",
+		"/v1/teams/{team}/presence": "GET", "/v1/teams/{team}/members/{user}": "PUT, DELETE",
+		"/healthz": "GET", "/readyz": "GET", "/metrics": "GET",
+	} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allowed)
+			writeError(w, http.StatusMethodNotAllowed, protocol.CodeMethod, r.Method+" is not allowed here; use "+allowed)
+		})
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if s.cfg.Static != nil && !strings.HasPrefix(r.URL.Path, "/v1/") && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 			s.cfg.Static.ServeHTTP(w, r)

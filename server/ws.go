@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/lesismal/nbio/nbhttp/websocket"
@@ -25,6 +26,16 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 	u.BlockingModAsyncWrite = false
 	u.OnMessage(s.onMessage)
 	u.OnClose(s.onClose)
+	u.SetCloseHandler(func(c *websocket.Conn, code int, _ string) {
+		if cl, ok := c.Session().(*client); ok {
+			cl.closeFrame.Store(true) // a clean close: the close is the last sign of life
+		}
+		if code == 1005 {
+			_ = c.WriteMessage(websocket.CloseMessage, nil)
+			return
+		}
+		_ = c.WriteClose(code, "")
+	})
 	u.SetPingHandler(func(c *websocket.Conn, data string) {
 		if cl, ok := c.Session().(*client); ok {
 			s.signOfLife(cl)
@@ -57,6 +68,10 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		}
 		s.metrics.connectsRejected.WithLabelValues(reasonUnauthorized).Inc()
 		writeError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, err.Error())
+		return
+	}
+	if !websocketRequest(r) {
+		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "expected a WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)")
 		return
 	}
 	device := "web"
@@ -327,9 +342,15 @@ func (s *Server) onClose(ws *websocket.Conn, _ error) {
 	if !c.registered.Load() {
 		return
 	}
+	// A close frame (or a close we sent) is a sign of life; a dropped TCP
+	// connection is not, so last_seen stays at the last frame received.
 	cause := presence.Closed
-	if time.Duration(s.cfg.Now().UnixNano()-c.lastFrame.Load()) >= s.cfg.TTL {
+	switch {
+	case c.closeFrame.Load():
+	case time.Duration(s.cfg.Now().UnixNano()-c.lastFrame.Load()) >= s.cfg.TTL:
 		cause = presence.Expired
+	default:
+		cause = presence.Lost
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -337,6 +358,21 @@ func (s *Server) onClose(ws *websocket.Conn, _ error) {
 	if err != nil && !errors.Is(err, store.ErrUnknownConn) {
 		s.log.Warn("disconnect", "err", err)
 	}
+}
+
+func websocketRequest(r *http.Request) bool {
+	return headerHas(r.Header, "Connection", "upgrade") && headerHas(r.Header, "Upgrade", "websocket")
+}
+
+func headerHas(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, part := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(part), token) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func toUserPresence(p presence.Presence) protocol.UserPresence {

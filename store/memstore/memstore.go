@@ -14,11 +14,11 @@ import (
 	"github.com/greendot/greendot/store"
 )
 
-// Config configures a Store. The zero value works: a 25 s TTL, a 5 s grace,
+// Config configures a Store. The zero value works: a 25 s TTL, no grace,
 // the wall clock and no observer.
 type Config struct {
 	TTL      time.Duration
-	Grace    time.Duration
+	Grace    time.Duration // 0: offline is published as soon as the last connection ends
 	Now      func() time.Time // injected clock; time.Now when nil
 	Observer store.Observer
 }
@@ -50,9 +50,6 @@ var (
 func New(cfg Config) (*Store, error) {
 	if cfg.TTL == 0 {
 		cfg.TTL = 25 * time.Second
-	}
-	if cfg.Grace == 0 {
-		cfg.Grace = 5 * time.Second
 	}
 	if cfg.TTL < 0 || cfg.Grace < 0 {
 		return nil, errors.New("memstore: ttl and grace must not be negative")

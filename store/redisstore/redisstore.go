@@ -44,7 +44,7 @@ type Config struct {
 	URL   string        // redis://[user:pass@]host:port[/db]; any node of a cluster
 	Node  string        // this node's id; required
 	TTL   time.Duration // 25s
-	Grace time.Duration // 5s
+	Grace time.Duration // 0: none
 	// NodeTTL: a node not heard from for this long is dead and its
 	// connections are released. 3s.
 	NodeTTL time.Duration
@@ -110,9 +110,6 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if cfg.TTL == 0 {
 		cfg.TTL = 25 * time.Second
-	}
-	if cfg.Grace == 0 {
-		cfg.Grace = 5 * time.Second
 	}
 	if cfg.TTL < 0 || cfg.Grace < 0 {
 		return nil, errors.New("redisstore: ttl and grace must not be negative")

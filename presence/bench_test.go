@@ -1,0 +1,93 @@
+package presence_test
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+)
+
+// Benchmarks of the core transitions, each amid 10,000 present users so
+// that maps and heaps have a realistic size.
+
+var start = time.Unix(1_764_500_000, 0)
+
+func crowd(b *testing.B, grace time.Duration) *presence.Tracker {
+	b.Helper()
+	// A ttl no iteration reaches: the crowd stays present throughout.
+	tr := presence.NewTracker(presence.Config{TTL: 10000 * time.Hour, Grace: grace})
+	for i := range 10000 {
+		id := "u" + strconv.Itoa(i)
+		if _, err := tr.Connect(start, presence.Conn{ID: "c" + id, UserID: id, Device: "web"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return tr
+}
+
+// A device reconnects within the grace: the grace is cancelled, nothing
+// is published.
+func BenchmarkReconnectWithinGrace(b *testing.B) {
+	tr := crowd(b, 5*time.Second)
+	now := start
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		now = now.Add(time.Microsecond)
+		id := "x" + strconv.Itoa(i&1)
+		if _, err := tr.Connect(now, presence.Conn{ID: id, UserID: "bob", Device: "web"}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := tr.Disconnect(now, id, presence.Closed); err != nil {
+			b.Fatal(err)
+		}
+		tr.Advance(now)
+	}
+}
+
+// A user comes (online) and goes (offline once the grace is over): two
+// published changes per iteration.
+func BenchmarkOnlineOffline(b *testing.B) {
+	const grace = time.Second
+	tr := crowd(b, grace)
+	now := start
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(time.Millisecond)
+		out, _ := tr.Connect(now, presence.Conn{ID: "c", UserID: "bob", Device: "web"})
+		_, _ = tr.Disconnect(now, "c", presence.Closed)
+		now = now.Add(grace)
+		off := tr.Advance(now)
+		if len(out.Changes) != 1 || len(off.Changes) != 1 {
+			b.Fatalf("%d changes, then %d; want 1 and 1", len(out.Changes), len(off.Changes))
+		}
+	}
+}
+
+// A device switches between active and idle: one change each time.
+func BenchmarkStatusFlip(b *testing.B) {
+	tr := crowd(b, time.Second)
+	now := start
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		now = now.Add(time.Microsecond)
+		if _, err := tr.SetStatus(now, "cu42", i&1 == 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// Connections expire in bulk in one Advance; the figure is per connection.
+func BenchmarkExpire(b *testing.B) {
+	tr := presence.NewTracker(presence.Config{TTL: time.Second, Grace: 0})
+	for i := range b.N {
+		id := strconv.Itoa(i)
+		_, _ = tr.Connect(start, presence.Conn{ID: id, UserID: id, Device: "web"})
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	out := tr.Advance(start.Add(2 * time.Second))
+	if len(out.Expired) != b.N {
+		b.Fatalf("expired %d of %d", len(out.Expired), b.N)
+	}
+}
