@@ -134,6 +134,9 @@ func New(cfg Config) (*Server, error) {
 		stop:  make(chan struct{}),
 	}
 	s.metrics = newMetrics(cfg.Registry)
+	if c, ok := cfg.Store.(interface{ Collectors() []prometheus.Collector }); ok {
+		cfg.Registry.MustRegister(c.Collectors()...)
+	}
 	s.hub = newHub(s)
 	if o, ok := cfg.Store.(store.Observable); ok {
 		o.SetObserver(s.metrics)

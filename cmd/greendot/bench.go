@@ -1,11 +1,152 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/greendot/greendot/loadgen"
 )
+
+const benchUsage = `usage: greendot bench <scenario> [flags]
+
+Drives running greendot nodes through the public protocol and prints a
+table, then one JSON object, of what it measured. Scenarios (issue 4):
+
+  idle       N users connected, heartbeating as advertised: connect rate,
+             server RSS per connection, CPU per connection-minute
+  heartbeat  N connections at --rate heartbeats/s in total: CPU per heartbeat
+  fanout     N viewers in one team, a subject comes and goes --rounds times:
+             delivery latency p50/p99/max
+  churn      N/2 users × 2 devices reconnect at random (--rate actions/s) for
+             --duration: deliveries/s, CPU per 1,000, spurious deliveries
+  expiry     half of N users freeze (TCP open, silent): offline lag past
+             ttl + grace
+  storm      all N connections cut at once, back within --window: time to
+             settle, changes per viewer per subject, heartbeat ack p99
+
+Start the server first (greendot serve); give --grace its --offline-grace.
+
+flags:
+`
 
 // bench runs the load generator; see the loadgen package.
 func bench(args []string, stdout, stderr io.Writer) error {
-	return errors.New("bench: the load generator is not part of this build yet")
+	var (
+		o       loadgen.Options
+		target  string
+		targets string
+		worker  string
+	)
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, benchUsage)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&target, "target", "ws://127.0.0.1:8080", "the node to drive")
+	fs.StringVar(&targets, "targets", "", "several nodes, comma-separated (replaces --target)")
+	fs.IntVar(&o.N, "n", 1000, "connections (churn: devices, 2 per user; fanout: viewers)")
+	fs.DurationVar(&o.Duration, "duration", 0, "idle hold 1m, heartbeat window 30s, churn time 1m; fanout: a bound")
+	fs.IntVar(&o.Procs, "procs", 0, "load processes; 0 = one per 15,000 connections")
+	fs.IntVar(&o.TeamSize, "team-size", 100, "users per team")
+	fs.Float64Var(&o.Rate, "rate", 0, "heartbeat: heartbeats/s in total (default n); churn: actions/s (default users/15)")
+	fs.IntVar(&o.Rounds, "rounds", 10, "fanout: times the subject comes and goes")
+	fs.DurationVar(&o.Window, "window", 0, "storm: reconnects spread over it; expiry: freezes spread over it (default 5s)")
+	fs.DurationVar(&o.Grace, "grace", 0, "the server's --offline-grace (default 5s)")
+	fs.IntVar(&o.Samplers, "samplers", 20, "connections measuring heartbeat round trips (heartbeat, storm)")
+	fs.IntVar(&o.ConnectConcurrency, "connect-concurrency", 128, "dials in flight per process")
+	fs.StringVar(&o.APIKey, "api-key", "", "the server's --api-key; or GREENDOT_API_KEY")
+	fs.StringVar(&o.JWTSecret, "jwt-secret", "", "sign client tokens with the server's --jwt-secret; or GREENDOT_JWT_SECRET (unset: dev mode)")
+	fs.StringVar(&o.RedisAddr, "redis-addr", "", "heartbeat: read this Redis's INFO cpu (host:port or redis://…)")
+	fs.StringVar(&o.RunID, "run-id", "", "prefix of user and team ids (default random)")
+	fs.DurationVar(&o.MaxTime, "max-time", 0, "bound on the whole run (default duration + 10m)")
+	quiet := fs.Bool("quiet", false, "no progress line on stderr")
+	fs.StringVar(&worker, "worker", "", "internal: serve as child worker i/n over stdin and stdout")
+
+	scenario := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		scenario, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if scenario == "" && fs.NArg() > 0 {
+		scenario = fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return err
+		}
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
+	}
+	if scenario == "" {
+		fs.Usage()
+		return fmt.Errorf("bench: name a scenario: %s", strings.Join(loadgen.Scenarios(), ", "))
+	}
+	if o.APIKey == "" {
+		o.APIKey = os.Getenv("GREENDOT_API_KEY")
+	}
+	if o.JWTSecret == "" {
+		o.JWTSecret = os.Getenv("GREENDOT_JWT_SECRET")
+	}
+	o.Targets = []string{target}
+	if targets != "" {
+		o.Targets = strings.Split(targets, ",")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	if worker != "" {
+		i, n, err := parseWorker(worker)
+		if err != nil {
+			return err
+		}
+		return loadgen.ServeWorker(ctx, scenario, o, i, n, os.Stdin, stdout)
+	}
+	if !*quiet {
+		o.Progress = stderr
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	// Children get every flag given here, and their worker index and run id.
+	childArgs := []string{"bench", scenario}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "worker" && f.Name != "run-id" {
+			childArgs = append(childArgs, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	o.Spawn = func(workerArgs []string) *exec.Cmd {
+		cmd := exec.Command(exe, append(childArgs, workerArgs...)...)
+		cmd.Stderr = stderr
+		return cmd
+	}
+	res, err := loadgen.Run(ctx, scenario, o)
+	if res != nil && len(res.Figures) > 0 {
+		if werr := errors.Join(res.WriteTable(stdout), res.WriteJSON(stdout)); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	return err
+}
+
+func parseWorker(s string) (int, int, error) {
+	a, b, ok := strings.Cut(s, "/")
+	i, err1 := strconv.Atoi(a)
+	n, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || n < 1 || i < 0 || i >= n {
+		return 0, 0, fmt.Errorf("bench: --worker %q must be i/n", s)
+	}
+	return i, n, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/greendot/greendot/server"
 	"github.com/greendot/greendot/store"
 	"github.com/greendot/greendot/store/memstore"
+	"github.com/greendot/greendot/store/redisstore"
 )
 
 const usage = `greendot: a presence server
@@ -130,7 +131,6 @@ func (o *serveOptions) validate() error {
 		if o.redisURL == "" {
 			return errors.New("--store redis needs --redis-url")
 		}
-		return errors.New("--store redis is not available in this version yet; use --store memory")
 	default:
 		return fmt.Errorf("unknown --store %q (memory or redis)", o.storeKind)
 	}
@@ -158,11 +158,23 @@ func serve(args []string, stderr io.Writer) error {
 	}
 
 	var st store.Store
-	ms, err := memstore.New(memstore.Config{TTL: o.ttl, Grace: o.grace})
-	if err != nil {
-		return err
+	switch o.storeKind {
+	case "redis":
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		rs, err := redisstore.New(ctx, redisstore.Config{URL: o.redisURL, Node: o.nodeID, TTL: o.ttl, Grace: o.grace, Logger: log})
+		cancel()
+		if err != nil {
+			return err
+		}
+		defer rs.Close()
+		st = rs
+	default:
+		ms, err := memstore.New(memstore.Config{TTL: o.ttl, Grace: o.grace})
+		if err != nil {
+			return err
+		}
+		st = ms
 	}
-	st = ms
 
 	srv, err := server.New(server.Config{
 		Addr:              o.addr,

@@ -49,6 +49,8 @@ func TestNonsenseRefusesToStart(t *testing.T) {
 		{"--offline-grace", "-1s"},
 		{"--store", "etcd"},
 		{"--store", "redis"},
+		{"--store", "redis", "--redis-url", "redis://127.0.0.1:1"},
+		{"--store", "redis", "--redis-url", "http://nope"},
 		{"--heartbeat-interval", "0s"},
 		{"stray"},
 	} {

@@ -1,0 +1,181 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/store/redisstore/redistest"
+)
+
+var quick = timing{ttl: 10 * time.Second, heartbeat: 2 * time.Second, grace: 1500 * time.Millisecond}
+
+func TestAcrossNodes(t *testing.T) {
+	t.Run("redis", func(t *testing.T) { testAcrossNodes(t, redistest.Start(t).URL()) })
+	t.Run("cluster", func(t *testing.T) { testAcrossNodes(t, redistest.StartCluster(t, 3).URL()) })
+}
+
+func testAcrossNodes(t *testing.T, url string) {
+	a := startNode(t, url, "a", quick)
+	b := startNode(t, url, "b", quick)
+	a.join("t1", "alice", "bob")
+	b.join("t2", "alice", "bob") // a second shared team: still one change each
+
+	alice := connect(t, a, "alice", "web")
+	bobWeb := connect(t, b, "bob", "web")
+	alice.expect(3*time.Second, "bob=online")
+	bobPhone := connect(t, a, "bob", "ios") // a second device, on the other node
+	alice.still(time.Second, "bob=online")
+
+	// Both nodes answer the same.
+	for _, n := range []*node{a, b} {
+		p := n.presence("bob")
+		if p["state"] != "online" || p["connection_count"] != float64(2) || fmt.Sprint(p["devices"]) != "[ios web]" {
+			t.Fatalf("bob on %s = %v", n.name, p)
+		}
+	}
+	_, ta := a.get("/v1/teams/t1/presence")
+	_, tb := b.get("/v1/teams/t1/presence")
+	if ta != tb {
+		t.Fatalf("team presence differs: %s vs %s", ta, tb)
+	}
+
+	// A membership change on one node applies on the other, both ways.
+	carol := connect(t, b, "carol", "web")
+	alice.still(500*time.Millisecond, "bob=online")
+	b.join("t1", "carol")
+	alice.expect(3*time.Second, "bob=online", "carol=online")
+	checkFor(t, 3*time.Second, func() error {
+		if s, ok := carol.c.Get("alice"); !ok || s.State != "online" {
+			return fmt.Errorf("carol does not see alice: %+v", s)
+		}
+		return nil
+	})
+
+	// The last device leaves: one offline, after the grace.
+	_ = bobWeb.c.Close()
+	alice.still(quick.grace/2, "bob=online", "carol=online")
+	_ = bobPhone.c.Close()
+	alice.expect(quick.grace+3*time.Second, "bob=online", "carol=online", "bob=offline")
+	alice.still(time.Second, "bob=online", "carol=online", "bob=offline")
+}
+
+// A node killed with kill -9: its users go offline well before their ttl.
+func TestKilledNodeUsersGoOffline(t *testing.T) {
+	quick := timing{ttl: 25 * time.Second, heartbeat: 10 * time.Second, grace: 1500 * time.Millisecond}
+	url := redistest.Start(t).URL()
+	a := startNode(t, url, "a", quick)
+	b := startNode(t, url, "b", quick)
+	a.join("t1", "alice", "bob")
+	alice := connect(t, a, "alice", "web")
+	connect(t, b, "bob", "web")
+	alice.expect(3*time.Second, "bob=online")
+
+	killed := time.Now()
+	b.kill()
+	alice.expect(quick.ttl, "bob=online", "bob=offline")
+	if took := time.Since(killed); took > quick.ttl/3 {
+		t.Fatalf("offline %v after the kill; want well before the %v ttl", took, quick.ttl)
+	}
+	if p := a.presence("bob"); p["last_seen"] == nil || p["connection_count"] != float64(0) {
+		t.Fatalf("bob = %v", p)
+	}
+}
+
+// Redis away for longer than the ttl, then back with its data: nobody is
+// shown offline, clients stay connected, and presence works again.
+func TestRedisOutageLongerThanTTL(t *testing.T) {
+	short := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
+	r := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	a := startNode(t, r.URL(), "a", short)
+	b := startNode(t, r.URL(), "b", short)
+	a.join("t1", "alice", "bob")
+	alice := connect(t, a, "alice", "web")
+	bob := connect(t, b, "bob", "web")
+	alice.expect(3*time.Second, "bob=online")
+
+	r.Stop()
+	checkFor(t, 3*time.Second, func() error {
+		if code, _ := a.get("/readyz"); code != 503 {
+			return fmt.Errorf("readyz = %d while redis is down, want 503", code)
+		}
+		return nil
+	})
+	time.Sleep(short.ttl + short.grace + time.Second)
+	r.Restart()
+
+	checkFor(t, 5*time.Second, func() error {
+		for _, n := range []*node{a, b} {
+			if code, body := n.get("/readyz"); code != 200 {
+				return fmt.Errorf("%s readyz = %d %s", n.name, code, body)
+			}
+		}
+		if p := a.presence("bob"); p["state"] != "online" || p["connection_count"] != float64(1) {
+			return fmt.Errorf("bob = %v", p)
+		}
+		return nil
+	})
+	alice.still(short.ttl+short.grace+time.Second, "bob=online")
+	if bob.c.State().String() != "connected" {
+		t.Fatalf("bob's client is %v, want connected throughout", bob.c.State())
+	}
+	_ = bob.c.Close()
+	alice.expect(short.grace+3*time.Second, "bob=online", "bob=offline")
+}
+
+// FLUSHALL (or a failover to an empty Redis): the nodes put their live
+// connections back, and nothing false is published.
+func TestFlushAllIsRebuiltFromTheNodes(t *testing.T) {
+	short := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
+	r := redistest.Start(t)
+	a := startNode(t, r.URL(), "a", short)
+	b := startNode(t, r.URL(), "b", short)
+	a.join("t1", "alice", "bob")
+	alice := connect(t, a, "alice", "web")
+	bob := connect(t, b, "bob", "web")
+	alice.expect(3*time.Second, "bob=online")
+
+	if _, err := r.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, short.heartbeat+3*time.Second, func() error {
+		if p := a.presence("bob"); p["state"] != "online" || p["connection_count"] != float64(1) {
+			return fmt.Errorf("bob = %v", p)
+		}
+		return nil
+	})
+	alice.still(short.ttl+short.grace, "bob=online")
+	// Membership is gone with the data (docs/operations.md: use AOF); put it back.
+	a.join("t1", "alice", "bob")
+	_ = bob.c.Close()
+	alice.expect(short.grace+3*time.Second, "bob=online", "bob=offline")
+}
+
+// SIGTERM of a node in a rolling deploy: its clients move to another node
+// within the grace and nobody sees them go offline.
+func TestRollingDeployFlipsNoDot(t *testing.T) {
+	url := redistest.Start(t).URL()
+	a := startNode(t, url, "a", quick)
+	b := startNode(t, url, "b", quick)
+	a.join("t1", "alice", "bob")
+	alice := connect(t, b, "alice", "web")
+	bobOnA := connect(t, a, "bob", "web")
+	alice.expect(3*time.Second, "bob=online")
+
+	a.sigterm()
+	checkFor(t, 5*time.Second, func() error {
+		if bobOnA.c.State().String() == "connected" {
+			return fmt.Errorf("bob is still connected to the draining node")
+		}
+		return nil
+	})
+	// The load balancer sends bob's reconnect to b.
+	connect(t, b, "bob", "web")
+	select {
+	case <-a.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the drained node did not exit")
+	}
+	_ = bobOnA.c.Close()
+	alice.still(quick.grace+2*time.Second, "bob=online")
+}

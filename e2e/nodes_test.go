@@ -1,0 +1,261 @@
+// Package e2e runs several greendot processes on real redis-server
+// processes and checks the contract across nodes and through faults:
+// kill -9 of a node, Redis down and back, FLUSHALL, a rolling deploy.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/greendot/greendot/client"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "greendot-e2e-")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "greendot")
+	build := exec.Command("go", "build", "-o", binary, "../cmd/greendot")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: go build ./cmd/greendot failed:", err)
+		os.Exit(1)
+	}
+	code := 0
+	func() {
+		defer os.RemoveAll(dir)
+		goleak.VerifyTestMain(exitCapture{&code, m})
+	}()
+	os.Exit(code)
+}
+
+// exitCapture lets TestMain clean up after goleak.VerifyTestMain, which exits.
+type exitCapture struct {
+	code *int
+	m    *testing.M
+}
+
+func (e exitCapture) Run() int { *e.code = e.m.Run(); return *e.code }
+
+// node is one greendot process.
+type node struct {
+	t    *testing.T
+	name string
+	addr string
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type timing struct {
+	ttl, heartbeat, grace time.Duration
+}
+
+func startNode(t *testing.T, redisURL, name string, tm timing) *node {
+	t.Helper()
+	n := &node{t: t, name: name, addr: freeAddr(t), done: make(chan struct{}), log: &syncBuffer{}}
+	n.cmd = exec.Command(binary, "serve", "--addr", n.addr, "--store", "redis", "--redis-url", redisURL,
+		"--node-id", name, "--ttl", tm.ttl.String(), "--heartbeat-interval", tm.heartbeat.String(),
+		"--offline-grace", tm.grace.String())
+	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = n.cmd.Wait(); close(n.done) }()
+	t.Cleanup(func() {
+		n.kill()
+		if t.Failed() {
+			t.Logf("log of %s:\n%s", name, n.log.String())
+		}
+	})
+	checkFor(t, 10*time.Second, func() error {
+		if code, body := n.get("/readyz"); code != 200 {
+			return fmt.Errorf("%s not ready: %d %s", name, code, body)
+		}
+		return nil
+	})
+	return n
+}
+
+func (n *node) kill() {
+	select {
+	case <-n.done:
+		return
+	default:
+	}
+	_ = n.cmd.Process.Kill()
+	<-n.done
+}
+
+func (n *node) sigterm() {
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+}
+
+func (n *node) ws() string { return "ws://" + n.addr + "/v1/connect" }
+
+func (n *node) get(path string) (int, string) { return n.do("GET", path) }
+
+func (n *node) do(method, path string) (int, string) {
+	req, _ := http.NewRequest(method, "http://"+n.addr+path, nil)
+	c := http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func (n *node) join(team string, users ...string) {
+	n.t.Helper()
+	for _, u := range users {
+		if code, body := n.do("PUT", "/v1/teams/"+team+"/members/"+u); code != 204 {
+			n.t.Fatalf("join %s %s on %s: %d %s", team, u, n.name, code, body)
+		}
+	}
+}
+
+func (n *node) presence(user string) map[string]any {
+	n.t.Helper()
+	code, body := n.get("/v1/users/" + user + "/presence")
+	if code != 200 {
+		n.t.Fatalf("presence of %s on %s: %d %s", user, n.name, code, body)
+	}
+	var m map[string]any
+	_ = json.Unmarshal([]byte(body), &m)
+	return m
+}
+
+// viewer is a Go client that records every change it applies.
+type viewer struct {
+	t  *testing.T
+	c  *client.Client
+	mu sync.Mutex
+	ch []string
+}
+
+func connect(t *testing.T, n *node, user, device string) *viewer {
+	t.Helper()
+	v := &viewer{t: t}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, n.ws(), client.Options{
+		User: user, Device: device,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnChange: func(ch client.Change) {
+			if ch.State == ch.Previous {
+				return // restated (a newer version of the same state): no dot moves
+			}
+			v.mu.Lock()
+			v.ch = append(v.ch, ch.UserID+"="+ch.State)
+			v.mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatalf("%s on %s: %v", user, n.name, err)
+	}
+	v.c = c
+	t.Cleanup(func() { _ = c.Close() })
+	return v
+}
+
+func (v *viewer) changes() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.ch...)
+}
+
+// expect waits until the changes seen equal want.
+func (v *viewer) expect(within time.Duration, want ...string) {
+	v.t.Helper()
+	checkFor(v.t, within, func() error {
+		if got := v.changes(); fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("changes = %v, want %v", got, want)
+		}
+		return nil
+	})
+}
+
+// still asserts the changes stay exactly want for d.
+func (v *viewer) still(d time.Duration, want ...string) {
+	v.t.Helper()
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		if got := v.changes(); fmt.Sprint(got) != fmt.Sprint(want) {
+			v.t.Fatalf("changes = %v, want still %v", got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func checkFor(t *testing.T, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func metric(n *node, name string) string {
+	_, body := n.get("/metrics")
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, name+" ") {
+			return strings.TrimPrefix(line, name+" ")
+		}
+	}
+	return ""
+}
