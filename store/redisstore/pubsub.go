@@ -36,7 +36,7 @@ type subscriber struct {
 	mu      sync.Mutex
 	members *redis.PubSub
 	shards  map[string]*redis.PubSub // by channel hash tag ("" on a single server)
-	watched map[string]int           // team → watch count
+	watched map[string]int           // team → watches minus unwatches; absent when 0
 	wg      sync.WaitGroup
 }
 
@@ -68,8 +68,13 @@ func (s *Store) Watch(ctx context.Context, teams []string) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	for _, t := range teams {
+		// Counts may go below zero when an unwatch overtakes its watch;
+		// the channel is subscribed exactly while the count is positive.
 		sb.watched[t]++
-		if sb.watched[t] > 1 {
+		if sb.watched[t] == 0 {
+			delete(sb.watched, t)
+		}
+		if sb.watched[t] != 1 {
 			continue
 		}
 		ch := teamChannel(t)
@@ -96,11 +101,8 @@ func (s *Store) Unwatch(teams []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	for _, t := range teams {
-		if sb.watched[t] == 0 {
-			continue
-		}
 		sb.watched[t]--
-		if sb.watched[t] > 0 {
+		if sb.watched[t] != 0 {
 			continue
 		}
 		delete(sb.watched, t)

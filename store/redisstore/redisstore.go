@@ -178,10 +178,14 @@ func (s *Store) Subscribe(h store.Handler) { s.handler = h }
 // SetObserver implements store.Observable.
 func (s *Store) SetObserver(o store.Observer) { s.obs = o }
 
-// Ping implements store.Pinger.
+// Ping implements store.Pinger: not ready while Redis is unreachable, nor
+// until this node's connections are re-asserted after an outage.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
 		return errors.Join(ErrUnavailable, err)
+	}
+	if !s.healthy.Load() {
+		return errors.Join(ErrUnavailable, errors.New("re-asserting connections after an outage"))
 	}
 	return nil
 }

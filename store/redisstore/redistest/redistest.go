@@ -128,12 +128,7 @@ func (s *Server) Do(args ...string) (string, error) {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
-	}
-	if _, err := c.Write([]byte(b.String())); err != nil {
+	if _, err := c.Write(encodeCommand(args)); err != nil {
 		return "", err
 	}
 	r := bufio.NewReader(c)
@@ -159,6 +154,55 @@ func (s *Server) Do(args ...string) (string, error) {
 		return string(buf[:n]), nil
 	}
 	return line, nil
+}
+
+// DoList runs a command whose reply is an array of bulk strings.
+func (s *Server) DoList(args ...string) ([]string, error) {
+	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(encodeCommand(args)); err != nil {
+		return nil, err
+	}
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	if line[0] == '-' {
+		return nil, fmt.Errorf("redis: %s", line[1:])
+	}
+	if line[0] != '*' {
+		return nil, fmt.Errorf("redistest: not an array reply: %q", line)
+	}
+	n, _ := strconv.Atoi(line[1:])
+	out := make([]string, 0, max(n, 0))
+	for i := 0; i < n; i++ {
+		head, err := r.ReadString('\n')
+		if err != nil {
+			return nil, err
+		}
+		size, _ := strconv.Atoi(strings.TrimRight(head, "\r\n")[1:])
+		buf := make([]byte, size+2)
+		if _, err := ioReadFull(r, buf); err != nil {
+			return nil, err
+		}
+		out = append(out, string(buf[:size]))
+	}
+	return out, nil
+}
+
+func encodeCommand(args []string) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	return []byte(b.String())
 }
 
 // Cluster is a local Redis Cluster of masters only.
