@@ -1,0 +1,513 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/greendot/greendot/client"
+	"github.com/greendot/greendot/protocol"
+)
+
+// The churn scenario: N/2 users with two devices each, in teams of
+// TeamSize; for Duration, Rate actions per second pick an idle user:
+//
+//   - flap (40%): one device reconnects; the other stays. Nothing may be
+//     published.
+//   - bounce (30%): both devices drop and reconnect at once, within the
+//     grace. Nothing may be published.
+//   - leave (30%): both devices drop, stay away for grace + 1-2s, and come
+//     back: one offline and one online, the real transitions.
+//
+// Every device is a viewer of its team. A delivery is spurious when it
+// changes nothing (online after online), is about someone outside the
+// viewer's team, or is an offline whose server time falls outside every
+// window in which its subject had no connection (and the online after such
+// an offline). After the run each user's version is read through the HTTP
+// API and checked against the transitions the run caused.
+
+const (
+	flapShare   = 0.4
+	bounceShare = 0.3
+	// windowSlack covers the millisecond rounding of a change's "at".
+	windowSlack = 3 * time.Millisecond
+)
+
+type churnUser struct {
+	idx  int
+	user string
+	team int
+	devs [2]*member
+	busy atomic.Bool
+
+	mu          sync.Mutex
+	gone        [4]window // guarded by mu: recent windows without a connection
+	ngone       int       // guarded by mu
+	leaves      int       // guarded by mu: completed
+	longBounces int       // guarded by mu: bounces that took longer than the grace
+}
+
+// window is a span in which a user had, or may have had, no connection; to
+// is zero while it lasts.
+type window struct{ from, to time.Time }
+
+func (u *churnUser) open(now time.Time) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	slot := u.ngone % len(u.gone)
+	u.gone[slot] = window{from: now}
+	u.ngone++
+	return slot
+}
+
+func (u *churnUser) shut(slot int, now time.Time) time.Duration {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.gone[slot].to = now
+	return now.Sub(u.gone[slot].from)
+}
+
+// goneAt says whether at falls in one of the user's windows.
+func (u *churnUser) goneAt(at time.Time) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for i := range min(u.ngone, len(u.gone)) {
+		w := u.gone[i]
+		if !at.Before(w.from.Add(-windowSlack)) && (w.to.IsZero() || !at.After(w.to.Add(windowSlack))) {
+			return true
+		}
+	}
+	return false
+}
+
+type churnWorker struct {
+	env    *workerEnv
+	users  []*churnUser
+	byUser map[string]*churnUser // read-only after construction
+	ms     []*member
+	api    *http.Client
+
+	stop    chan struct{} // closed by the stop operation
+	running sync.WaitGroup
+
+	// Counters of deliveries (changes received outside snapshots).
+	delivered, spurious, noops, foreign, flickers, snapshotChanges atomic.Int64
+	deliveredAtStart, deliveredAtStop                               int64
+	flaps, bounces, leaves, skipped                                 atomic.Int64
+}
+
+func newChurnWorker(env *workerEnv) handler {
+	o := env.o
+	w := &churnWorker{env: env, byUser: map[string]*churnUser{}, api: &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{}}}
+	nt := len(o.Targets)
+	for i := range o.N / 2 {
+		u := &churnUser{idx: i, user: o.user(i), team: o.teamOf(i)}
+		w.byUser[u.user] = u // every user: deliveries about other workers' users are foreign
+		if !ownsTeam(u.team, env.index, env.count) {
+			continue
+		}
+		for dev, name := range []string{"web", "ios"} {
+			m := &member{idx: i, user: u.user, device: name, team: u.team, target: (i + dev) % nt}
+			u.devs[dev] = m
+			w.ms = append(w.ms, m)
+		}
+		w.users = append(w.users, u)
+	}
+	return w
+}
+
+// options makes a device's client options with the viewer's classifier.
+func (w *churnWorker) options(m *member) client.Options {
+	co := w.env.dial.options(m)
+	spuriousOffline := map[string]bool{} // only the client's reader touches it
+	co.OnChange = func(ch client.Change) {
+		if ch.FromSnapshot {
+			w.snapshotChanges.Add(1)
+			return
+		}
+		w.env.ctr.changes.Add(1)
+		w.delivered.Add(1)
+		su := w.byUser[ch.UserID]
+		switch {
+		case su == nil || su.team != m.team:
+			w.foreign.Add(1)
+			w.spurious.Add(1)
+		case ch.State == ch.Previous:
+			w.noops.Add(1)
+			w.spurious.Add(1)
+		case ch.State == protocol.StateOffline:
+			if su.goneAt(ch.At) {
+				delete(spuriousOffline, ch.UserID)
+			} else {
+				spuriousOffline[ch.UserID] = true
+				w.flickers.Add(1)
+				w.spurious.Add(1)
+			}
+		case ch.State == protocol.StateOnline:
+			if spuriousOffline[ch.UserID] {
+				delete(spuriousOffline, ch.UserID)
+				w.spurious.Add(1)
+			}
+		default: // nobody goes away in this scenario
+			w.spurious.Add(1)
+		}
+	}
+	return co
+}
+
+type churnArgs struct {
+	Rate float64 `json:"rate"` // actions per second, all workers together
+}
+
+type churnReply struct {
+	Flaps           int64 `json:"flaps"`
+	Bounces         int64 `json:"bounces"`
+	Leaves          int64 `json:"leaves"`
+	Skipped         int64 `json:"skipped"`
+	LongBounces     int   `json:"long_bounces"`
+	InWindow        int64 `json:"in_window"` // deliveries between start and stop
+	Delivered       int64 `json:"delivered"` // deliveries from start to the end of the tail
+	Spurious        int64 `json:"spurious"`
+	Noops           int64 `json:"noops"`
+	Foreign         int64 `json:"foreign"`
+	Flickers        int64 `json:"flickers"`
+	SnapshotChanges int64 `json:"snapshot_changes"`
+	Checked         int   `json:"checked"`         // users whose version was read
+	ExtraVersions   int   `json:"extra_versions"`  // transitions published beyond those caused
+	MissingVersions int   `json:"missing_versions"` // transitions caused but not published
+	CheckErr        string `json:"check_err,omitempty"`
+}
+
+func (w *churnWorker) handle(ctx context.Context, op string, raw json.RawMessage) (any, error) {
+	switch op {
+	case "connect":
+		return connectAll(ctx, w.env, w.ms, w.options), nil
+	case "start":
+		var a churnArgs
+		if err := decodeArgs(raw, &a); err != nil {
+			return nil, err
+		}
+		if w.stop != nil {
+			return nil, fmt.Errorf("loadgen: churn already started")
+		}
+		share := float64(len(w.users)) / float64(w.env.o.N/2)
+		w.stop = make(chan struct{})
+		w.deliveredAtStart = w.delivered.Load()
+		w.running.Go(func() { w.dispatch(ctx, a.Rate*share) })
+		return struct{}{}, nil
+	case "stop":
+		if w.stop == nil {
+			return nil, fmt.Errorf("loadgen: churn not started")
+		}
+		w.deliveredAtStop = w.delivered.Load()
+		close(w.stop)
+		w.running.Wait()
+		// Late offlines (and the versions) settle within a grace.
+		sleepCtx(ctx, w.env.o.Grace+1500*time.Millisecond)
+		return w.report(ctx), nil
+	case "close":
+		w.close()
+		return struct{}{}, nil
+	}
+	return nil, unknownOp(op)
+}
+
+// dispatch starts rate actions per second on idle users until stopped.
+// Actions run on their own goroutines, at most one per user.
+func (w *churnWorker) dispatch(ctx context.Context, rate float64) {
+	if len(w.users) == 0 || rate <= 0 {
+		return
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	last, credit := time.Now(), 0.0
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			credit += rate * now.Sub(last).Seconds()
+			last = now
+		}
+		for ; credit >= 1; credit-- {
+			u := w.pickIdle()
+			if u == nil {
+				w.skipped.Add(1)
+				continue
+			}
+			w.running.Go(func() {
+				defer u.busy.Store(false)
+				w.act(ctx, u)
+			})
+		}
+	}
+}
+
+func (w *churnWorker) pickIdle() *churnUser {
+	for range 8 {
+		u := w.users[rand.N(len(w.users))]
+		if u.busy.CompareAndSwap(false, true) {
+			return u
+		}
+	}
+	return nil
+}
+
+func (w *churnWorker) act(ctx context.Context, u *churnUser) {
+	switch p := rand.Float64(); {
+	case p < flapShare:
+		w.flaps.Add(1)
+		d := rand.N(2)
+		slot := -1
+		if u.devs[1-d].c == nil { // the other device is down: so is the user
+			slot = u.open(time.Now())
+		}
+		w.drop(u.devs[d])
+		w.redial(ctx, u.devs[d])
+		if slot >= 0 && u.devs[d].c != nil {
+			u.shut(slot, time.Now())
+		}
+	case p < flapShare+bounceShare:
+		w.bounces.Add(1)
+		slot := u.open(time.Now())
+		w.both(u, w.drop)
+		w.both(u, func(m *member) { w.redial(ctx, m) })
+		if u.devs[0].c != nil || u.devs[1].c != nil {
+			if u.shut(slot, time.Now()) >= w.env.o.Grace {
+				u.mu.Lock()
+				u.longBounces++
+				u.mu.Unlock()
+			}
+		}
+	default:
+		w.leaves.Add(1)
+		slot := u.open(time.Now())
+		w.both(u, w.drop)
+		away := w.env.o.Grace + time.Second + rand.N(time.Second)
+		if !sleepCtx(ctx, away) {
+			return
+		}
+		w.both(u, func(m *member) { w.redial(ctx, m) })
+		if u.devs[0].c != nil || u.devs[1].c != nil {
+			u.shut(slot, time.Now())
+			u.mu.Lock()
+			u.leaves++
+			u.mu.Unlock()
+		}
+	}
+}
+
+func (w *churnWorker) drop(m *member) {
+	if m.c != nil {
+		_ = m.c.Close()
+		m.c = nil
+	}
+}
+
+func (w *churnWorker) redial(ctx context.Context, m *member) {
+	if m.c == nil {
+		m.c, _ = w.env.dial.dial(ctx, m, w.options(m))
+	}
+}
+
+// both runs f on the user's two devices at once.
+func (w *churnWorker) both(u *churnUser, f func(*member)) {
+	var wg sync.WaitGroup
+	for _, m := range u.devs {
+		wg.Go(func() { f(m) })
+	}
+	wg.Wait()
+}
+
+// report gathers the counters and checks every user's version: 1 for the
+// first connect, 2 per leave, and 0 or 2 per bounce that outlasted the
+// grace.
+func (w *churnWorker) report(ctx context.Context) churnReply {
+	r := churnReply{
+		Flaps: w.flaps.Load(), Bounces: w.bounces.Load(), Leaves: w.leaves.Load(), Skipped: w.skipped.Load(),
+		InWindow: w.deliveredAtStop - w.deliveredAtStart, Delivered: w.delivered.Load() - w.deliveredAtStart,
+		Spurious: w.spurious.Load(), Noops: w.noops.Load(), Foreign: w.foreign.Load(), Flickers: w.flickers.Load(),
+		SnapshotChanges: w.snapshotChanges.Load(),
+	}
+	for start := 0; start < len(w.users); start += protocol.MaxQueryIDs {
+		batch := w.users[start:min(start+protocol.MaxQueryIDs, len(w.users))]
+		ids := make([]string, len(batch))
+		for i, u := range batch {
+			ids[i] = u.user
+		}
+		got, err := queryPresence(ctx, w.api, w.env.o, ids)
+		if err != nil {
+			r.CheckErr = err.Error()
+			return r
+		}
+		for i, u := range batch {
+			u.mu.Lock()
+			least := 1 + 2*u.leaves
+			most := least + 2*u.longBounces
+			r.LongBounces += u.longBounces
+			u.mu.Unlock()
+			v := int(got[i].Version)
+			r.ExtraVersions += max(v-most, 0)
+			r.MissingVersions += max(least-v, 0)
+			r.Checked++
+		}
+	}
+	return r
+}
+
+func (w *churnWorker) close() {
+	if w.stop != nil {
+		select {
+		case <-w.stop:
+		default:
+			close(w.stop)
+		}
+	}
+	w.running.Wait()
+	closeAll(w.ms)
+	w.api.CloseIdleConnections()
+}
+
+// queryPresence asks the first target's HTTP API for users' presence.
+func queryPresence(ctx context.Context, hc *http.Client, o *Options, ids []string) ([]protocol.UserPresence, error) {
+	body, _ := json.Marshal(map[string][]string{"user_ids": ids})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, httpBase(o.Targets[0])+"/v1/presence/query", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if o.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+o.APIKey)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: presence query: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("loadgen: presence query: %s", resp.Status)
+	}
+	var out struct {
+		Users []protocol.UserPresence `json:"users"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("loadgen: presence query: %w", err)
+	}
+	if len(out.Users) != len(ids) {
+		return nil, fmt.Errorf("loadgen: presence query: %d answers for %d users", len(out.Users), len(ids))
+	}
+	return out.Users, nil
+}
+
+func driveChurn(ctx context.Context, d *driver) error {
+	o := d.o
+	users := o.N / 2
+	if err := d.setupTeams(ctx, teamPairs(o, users)); err != nil {
+		return err
+	}
+	r, err := d.connect(ctx, "devices", nil)
+	if err != nil {
+		return err
+	}
+	defer closeWorkers(ctx, d)
+	if err := d.waitConns(ctx, r.Dialed, time.Minute); err != nil {
+		return err
+	}
+	d.setStatus("waiting for the connect fan-out to drain")
+	d.waitQuiet(ctx, time.Minute)
+	s1, err := d.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := callAll[struct{}](ctx, d, "start", churnArgs{Rate: o.Rate}); err != nil {
+		return err
+	}
+	t1 := time.Now()
+	startChanges := d.progress().Changes
+	end := t1.Add(o.Duration)
+	d.setStatusf(func(p Progress) string {
+		return fmt.Sprintf("churning %.0fs left, %.0f deliveries/s", max(time.Until(end), 0).Seconds(),
+			float64(p.Changes-startChanges)/time.Since(t1).Seconds())
+	})
+	if !sleepCtx(ctx, o.Duration) {
+		return ctx.Err()
+	}
+	s2, err := d.scrape(ctx)
+	elapsed := time.Since(t1)
+	if err != nil {
+		return err
+	}
+	d.setStatus("stopping: actions in flight, then a grace for late offlines")
+	replies, err := callAll[churnReply](ctx, d, "stop", nil)
+	if err != nil {
+		return err
+	}
+	s3, err := d.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	var t churnReply
+	for _, x := range replies {
+		t.Flaps += x.Flaps
+		t.Bounces += x.Bounces
+		t.Leaves += x.Leaves
+		t.Skipped += x.Skipped
+		t.LongBounces += x.LongBounces
+		t.InWindow += x.InWindow
+		t.Delivered += x.Delivered
+		t.Spurious += x.Spurious
+		t.Noops += x.Noops
+		t.Foreign += x.Foreign
+		t.Flickers += x.Flickers
+		t.SnapshotChanges += x.SnapshotChanges
+		t.Checked += x.Checked
+		t.ExtraVersions += x.ExtraVersions
+		t.MissingVersions += x.MissingVersions
+		if t.CheckErr == "" {
+			t.CheckErr = x.CheckErr
+		}
+	}
+	serverDeliveries := s2.Get(mDeliveries) - s1.Get(mDeliveries)
+	cpu := s2.Get(mCPU) - s1.Get(mCPU)
+	real := 2 * t.Leaves
+	res := d.res
+	res.add("actions_flap", "flaps (one device reconnects)", float64(t.Flaps), "")
+	res.add("actions_bounce", "bounces (both, within the grace)", float64(t.Bounces), "")
+	res.add("actions_leave", "leaves (both, past the grace)", float64(t.Leaves), "")
+	res.add("actions_skipped", "actions skipped (every user busy)", float64(t.Skipped), "")
+	res.add("deliveries_per_s", "changes delivered (viewers counted)", float64(t.InWindow)/elapsed.Seconds(), "/s")
+	res.goal(50000*float64(len(o.Targets)), true, fmt.Sprintf("≥ %s/s", groupThousands(fmt.Sprint(50000*len(o.Targets)))))
+	res.add("server_deliveries_per_s", "changes delivered (server counted)", serverDeliveries/elapsed.Seconds(), "/s")
+	res.add("cpu_ms_per_1000_deliveries", "server CPU per 1,000 deliveries", cpu*1e3/(serverDeliveries/1000), "ms")
+	res.add("server_cpu_share", "server CPU use", cpu/elapsed.Seconds()*100, "%")
+	res.add("real_transitions", "real transitions caused (2 per leave)", float64(real), "")
+	res.add("published_transitions", "transitions published", s3.Sum(mChanges)-s1.Sum(mChanges), "")
+	res.add("spurious_deliveries", "spurious deliveries", float64(t.Spurious), "")
+	res.goal(0, false, "0")
+	res.add("spurious_per_transition", "spurious deliveries per real transition", float64(t.Spurious)/float64(max(real, 1)), "")
+	res.goal(0, false, "0")
+	res.add("spurious_transitions", "transitions published beyond those caused", float64(t.ExtraVersions), "")
+	res.goal(0, false, "0")
+	res.add("missing_transitions", "transitions caused but not published", float64(t.MissingVersions), "")
+	res.goal(0, false, "0")
+	res.add("grace_cancellations", "graces cancelled", s3.Get(mGraceCancel)-s1.Get(mGraceCancel), "")
+	res.serverFigures(s1, s2)
+	if t.Noops+t.Foreign+t.Flickers > 0 {
+		res.note("spurious: %d changed nothing, %d about users outside the viewer's team, %d offline flickers", t.Noops, t.Foreign, t.Flickers)
+	}
+	if t.LongBounces > 0 {
+		res.note("%d bounces took longer than the grace; their transitions count as real", t.LongBounces)
+	}
+	if t.CheckErr != "" {
+		res.note("version check incomplete (%d users checked): %s", t.Checked, t.CheckErr)
+	}
+	return nil
+}

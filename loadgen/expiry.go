@@ -1,0 +1,267 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/greendot/greendot/client"
+	"github.com/greendot/greendot/protocol"
+)
+
+// The expiry scenario: N users in teams of TeamSize; in each team the users
+// of odd index are subjects, the others viewers. Spread over Window, each
+// subject sends a last heartbeat (a ping, whose send time is noted) and
+// freezes: TCP stays open, nothing more is sent. The server must publish
+// its offline at that time + ttl + grace; the lag past it is measured at
+// every viewer's receipt.
+
+type expSubject struct {
+	team    int
+	m       *member
+	lastAt  atomic.Int64 // unix ns of the last frame sent; 0 until frozen
+	firstAt atomic.Int64 // unix ns of the first viewer's receipt of its offline
+}
+
+type expiryWorker struct {
+	env      *workerEnv
+	ms       []*member
+	subjects map[string]*expSubject // read-only after construction
+	viewers  map[int]int            // team → viewers in it; set by connect
+	ttl      time.Duration
+
+	lag                       syncHist
+	pairs, unexpected, early atomic.Int64
+}
+
+func newExpiryWorker(env *workerEnv) handler {
+	o := env.o
+	w := &expiryWorker{env: env, subjects: map[string]*expSubject{}, viewers: map[int]int{}}
+	for i := range o.N {
+		k := o.teamOf(i)
+		if !ownsTeam(k, env.index, env.count) {
+			continue
+		}
+		m := &member{idx: i, user: o.user(i), device: "web", team: k, target: i % len(o.Targets)}
+		w.ms = append(w.ms, m)
+		if i%2 == 1 {
+			w.subjects[m.user] = &expSubject{team: k, m: m}
+		}
+	}
+	return w
+}
+
+type freezeArgs struct {
+	WindowMS int64 `json:"window_ms"`
+}
+
+type freezeReply struct {
+	Frozen int `json:"frozen"`
+	Failed int `json:"failed"` // the last ping failed; frozen all the same
+}
+
+type expiryReply struct {
+	Expected   int       `json:"expected"` // viewer × frozen subject pairs
+	Got        int64     `json:"got"`
+	Lag        Histogram `json:"lag"`   // every receipt, past last frame + ttl + grace
+	First      Histogram `json:"first"` // per subject, the first receipt
+	Unexpected int64     `json:"unexpected"`
+	Early      int64     `json:"early"` // receipts before last frame + ttl + grace
+}
+
+func (w *expiryWorker) handle(ctx context.Context, op string, raw json.RawMessage) (any, error) {
+	switch op {
+	case "connect":
+		r := connectAll(ctx, w.env, w.ms, w.options)
+		w.ttl = time.Duration(r.TTLMS) * time.Millisecond
+		for _, m := range w.ms {
+			if _, subject := w.subjects[m.user]; !subject && m.c != nil {
+				w.viewers[m.team]++
+			}
+		}
+		return r, nil
+	case "freeze":
+		var a freezeArgs
+		if err := decodeArgs(raw, &a); err != nil {
+			return nil, err
+		}
+		return w.freeze(ctx, time.Duration(a.WindowMS)*time.Millisecond), nil
+	case "await":
+		var a awaitArgs
+		if err := decodeArgs(raw, &a); err != nil {
+			return nil, err
+		}
+		return w.await(ctx, time.Duration(a.TimeoutMS)*time.Millisecond), nil
+	case "close":
+		closeAll(w.ms)
+		return struct{}{}, nil
+	}
+	return nil, unknownOp(op)
+}
+
+func (w *expiryWorker) options(m *member) client.Options {
+	co := w.env.dial.options(m)
+	if _, subject := w.subjects[m.user]; subject {
+		return co
+	}
+	grace := w.env.o.Grace
+	co.OnChange = func(ch client.Change) {
+		if ch.FromSnapshot {
+			return
+		}
+		w.env.ctr.changes.Add(1)
+		if ch.State != protocol.StateOffline {
+			return
+		}
+		s := w.subjects[ch.UserID]
+		if s == nil || s.lastAt.Load() == 0 {
+			w.unexpected.Add(1)
+			return
+		}
+		due := time.Unix(0, s.lastAt.Load()).Add(w.ttl + grace)
+		lag := ch.Received.Sub(due)
+		if lag < 0 {
+			w.early.Add(1)
+		}
+		w.lag.Record(lag)
+		w.pairs.Add(1)
+		s.firstAt.CompareAndSwap(0, ch.Received.UnixNano())
+	}
+	return co
+}
+
+// freeze makes every connected subject send a last ping and go silent, at
+// a random moment within window.
+func (w *expiryWorker) freeze(ctx context.Context, window time.Duration) freezeReply {
+	var (
+		mu sync.Mutex
+		r  freezeReply
+		wg sync.WaitGroup
+	)
+	for _, s := range w.subjects {
+		if s.m.c == nil {
+			continue
+		}
+		wg.Go(func() {
+			if !sleepCtx(ctx, rand.N(window+1)) {
+				return
+			}
+			at := time.Now()
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := s.m.c.Ping(pctx)
+			cancel()
+			s.m.c.Freeze(true)
+			s.lastAt.Store(at.UnixNano())
+			mu.Lock()
+			r.Frozen++
+			if err != nil {
+				r.Failed++
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return r
+}
+
+// await waits until every viewer saw every frozen subject of its team go
+// offline, or limit passes.
+func (w *expiryWorker) await(ctx context.Context, limit time.Duration) expiryReply {
+	var r expiryReply
+	for _, s := range w.subjects {
+		if s.lastAt.Load() != 0 {
+			r.Expected += w.viewers[s.team]
+		}
+	}
+	deadline := time.Now().Add(limit)
+	for w.pairs.Load() < int64(r.Expected) && time.Now().Before(deadline) && sleepCtx(ctx, 20*time.Millisecond) {
+	}
+	r.Got = w.pairs.Load()
+	r.Lag = w.lag.take()
+	for _, s := range w.subjects {
+		if first, last := s.firstAt.Load(), s.lastAt.Load(); first != 0 {
+			r.First.Record(time.Unix(0, first).Sub(time.Unix(0, last).Add(w.ttl + w.env.o.Grace)))
+		}
+	}
+	r.Unexpected = w.unexpected.Load()
+	r.Early = w.early.Load()
+	return r
+}
+
+func (w *expiryWorker) close() { closeAll(w.ms) }
+
+func driveExpiry(ctx context.Context, d *driver) error {
+	o := d.o
+	if err := d.setupTeams(ctx, teamPairs(o, o.N)); err != nil {
+		return err
+	}
+	r, err := d.connect(ctx, "users", nil)
+	if err != nil {
+		return err
+	}
+	defer closeWorkers(ctx, d)
+	if err := d.waitConns(ctx, r.Dialed, time.Minute); err != nil {
+		return err
+	}
+	d.setStatus("waiting for the connect fan-out to drain")
+	d.waitQuiet(ctx, time.Minute)
+	s1, err := d.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	d.setStatusf(func(Progress) string { return "freezing subjects" })
+	frozen, err := callAll[freezeReply](ctx, d, "freeze", freezeArgs{WindowMS: o.Window.Milliseconds()})
+	if err != nil {
+		return err
+	}
+	var fr freezeReply
+	for _, x := range frozen {
+		fr.Frozen += x.Frozen
+		fr.Failed += x.Failed
+	}
+	ttl := time.Duration(r.TTLMS) * time.Millisecond
+	d.setStatus("waiting for ttl + grace and the offlines")
+	replies, err := callAll[expiryReply](ctx, d, "await", awaitArgs{TimeoutMS: (ttl + o.Grace + o.Window + 30*time.Second).Milliseconds()})
+	if err != nil {
+		return err
+	}
+	s2, err := d.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	var t expiryReply
+	for _, x := range replies {
+		t.Expected += x.Expected
+		t.Got += x.Got
+		t.Lag.Merge(x.Lag)
+		t.First.Merge(x.First)
+		t.Unexpected += x.Unexpected
+		t.Early += x.Early
+	}
+	delta := s2.Sub(s1)
+	res := d.res
+	res.add("subjects_frozen", "subjects frozen", float64(fr.Frozen), "")
+	res.add("ttl_ms", "server ttl (from welcome)", float64(ttl.Milliseconds()), "ms")
+	res.addDur("lag_p50", "offline lag past ttl + grace p50", t.Lag.Quantile(0.5))
+	res.addDur("lag_p99", "offline lag past ttl + grace p99", t.Lag.Quantile(0.99))
+	res.goal(1000, false, "≤ 1 s")
+	res.addDur("lag_max", "offline lag past ttl + grace max", t.Lag.Max())
+	res.addDur("first_lag_p99", "first viewer's receipt, lag p99", t.First.Quantile(0.99))
+	res.add("server_detection_p99_ms", "server's own expiry lag p99 (histogram)", delta.HistQuantile(mDetection, 0.99)*1000, "ms")
+	res.add("expirations", "expirations counted by the servers", delta.Get(mExpirations), "")
+	res.add("offlines_expected", "offline deliveries expected", float64(t.Expected), "")
+	res.add("offlines_missing", "offline deliveries missing", float64(int64(t.Expected)-t.Got), "")
+	res.goal(0, false, "0")
+	res.add("offlines_unexpected", "offlines of users who did not freeze", float64(t.Unexpected), "")
+	res.goal(0, false, "0")
+	res.add("offlines_early", "offlines before ttl + grace", float64(t.Early), "")
+	res.goal(0, false, "0")
+	res.serverFigures(s1, s2)
+	if fr.Failed > 0 {
+		res.note("%d subjects' last ping failed before they froze", fr.Failed)
+	}
+	return nil
+}

@@ -1,0 +1,216 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/greendot/greendot/client"
+)
+
+// The idle and heartbeat scenarios: N users, one connection each, in teams
+// of TeamSize, heartbeating with jitter at the advertised interval (idle)
+// or at a forced one (heartbeat).
+
+type idleWorker struct {
+	env *workerEnv
+	ms  []*member
+}
+
+func newIdleWorker(env *workerEnv) handler {
+	o := env.o
+	w := &idleWorker{env: env}
+	for i := range o.N {
+		if ownsTeam(o.teamOf(i), env.index, env.count) {
+			w.ms = append(w.ms, &member{idx: i, user: o.user(i), device: "web", team: o.teamOf(i), target: i % len(o.Targets)})
+		}
+	}
+	return w
+}
+
+type idleArgs struct {
+	HeartbeatMS int64 `json:"heartbeat_ms,omitempty"` // 0: as the server advertises
+}
+
+func (w *idleWorker) handle(ctx context.Context, op string, raw json.RawMessage) (any, error) {
+	switch op {
+	case "connect":
+		var a idleArgs
+		if err := decodeArgs(raw, &a); err != nil {
+			return nil, err
+		}
+		return connectAll(ctx, w.env, w.ms, func(m *member) client.Options {
+			co := w.env.dial.options(m)
+			co.HeartbeatInterval = time.Duration(a.HeartbeatMS) * time.Millisecond
+			co.OnChange = func(ch client.Change) {
+				if !ch.FromSnapshot {
+					w.env.ctr.changes.Add(1)
+				}
+			}
+			return co
+		}), nil
+	case "close":
+		closeAll(w.ms)
+		return struct{}{}, nil
+	}
+	return nil, unknownOp(op)
+}
+
+func (w *idleWorker) close() { closeAll(w.ms) }
+
+func driveIdle(ctx context.Context, d *driver) error {
+	o := d.o
+	pre, err := d.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	if err := d.setupTeams(ctx, teamPairs(o, o.N)); err != nil {
+		return err
+	}
+	base, err := d.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	r, err := d.connect(ctx, "users", idleArgs{})
+	if err != nil {
+		return err
+	}
+	defer closeWorkers(ctx, d)
+	if err := d.waitConns(ctx, r.Dialed, time.Minute); err != nil {
+		return err
+	}
+	d.setStatus("waiting for the connect fan-out to drain")
+	d.waitQuiet(ctx, time.Minute)
+	s1, err := d.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	t1 := time.Now()
+	if !d.sleepStatus(ctx, "holding", o.Duration) {
+		return ctx.Err()
+	}
+	s2, err := d.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	held := time.Since(t1)
+	conns := float64(r.Dialed)
+	res := d.res
+	res.add("rss_per_conn_kib", "server RSS per connection (after the hold)", (s2.Get(mRSS)-base.Get(mRSS))/conns/1024, "KiB")
+	res.goal(4, false, "≤ 4 KiB")
+	res.add("rss_per_conn_connected_kib", "server RSS per connection (after connecting)", (s1.Get(mRSS)-base.Get(mRSS))/conns/1024, "KiB")
+	res.add("rss_per_conn_with_teams_kib", "server RSS per connection, team setup included", (s2.Get(mRSS)-pre.Get(mRSS))/conns/1024, "KiB")
+	res.add("heap_per_conn_kib", "server Go heap per connection", (s2.Get(mHeap)-base.Get(mHeap))/conns/1024, "KiB")
+	cpu := s2.Get(mCPU) - s1.Get(mCPU)
+	res.add("cpu_us_per_conn_minute", "server CPU per connection-minute", cpu*1e6/(conns*held.Minutes()), "µs")
+	res.add("heartbeats_per_s", "heartbeats absorbed", (s2.Get(mHeartbeats)-s1.Get(mHeartbeats))/held.Seconds(), "/s")
+	res.add("server_goroutines", "server goroutines", s2.Get(mGoroutines), "")
+	res.serverFigures(s1, s2)
+	return nil
+}
+
+// jitterMean is the mean heartbeat gap of the client as a share of its
+// interval: each gap is uniform in [0.7, 1.0]·interval.
+const jitterMean = 0.85
+
+func driveHeartbeat(ctx context.Context, d *driver) error {
+	o := d.o
+	if err := d.setupTeams(ctx, teamPairs(o, o.N)); err != nil {
+		return err
+	}
+	interval := time.Duration(float64(o.N) / (jitterMean * o.Rate) * float64(time.Second))
+	r, err := d.connect(ctx, "users", idleArgs{HeartbeatMS: max(interval.Milliseconds(), 1)})
+	if err != nil {
+		return err
+	}
+	defer closeWorkers(ctx, d)
+	if err := d.waitConns(ctx, r.Dialed, time.Minute); err != nil {
+		return err
+	}
+	smp, err := d.startSamplers(ctx)
+	if err != nil {
+		return err
+	}
+	defer smp.close()
+	// Let the heartbeats spread out and the connect fan-out drain.
+	d.setStatus("warming up")
+	d.waitQuiet(ctx, time.Minute)
+	if !sleepCtx(ctx, max(2*interval, 2*time.Second)) {
+		return ctx.Err()
+	}
+	s1, err := d.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	var redis1, redis2 float64
+	if o.RedisAddr != "" {
+		if redis1, err = redisCPU(ctx, o.RedisAddr); err != nil {
+			return err
+		}
+	}
+	t1 := time.Now()
+	smp.run(ctx)
+	if !d.sleepStatus(ctx, "measuring", o.Duration) {
+		return ctx.Err()
+	}
+	s2, err := d.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	if o.RedisAddr != "" {
+		if redis2, err = redisCPU(ctx, o.RedisAddr); err != nil {
+			return err
+		}
+	}
+	elapsed := time.Since(t1)
+	smp.close()
+	rtt := smp.rtt.take()
+	hb := s2.Get(mHeartbeats) - s1.Get(mHeartbeats)
+	cpu := s2.Get(mCPU) - s1.Get(mCPU)
+	res := d.res
+	res.add("heartbeat_interval_ms", "forced heartbeat interval", float64(interval.Milliseconds()), "ms")
+	res.add("heartbeats_per_s", "heartbeats absorbed", hb/elapsed.Seconds(), "/s")
+	res.add("cpu_us_per_heartbeat", "server CPU per heartbeat", cpu*1e6/hb, "µs")
+	res.goal(20, false, "≤ 20 µs")
+	res.add("server_cpu_share", "server CPU use", cpu/elapsed.Seconds()*100, "%")
+	if o.RedisAddr != "" {
+		res.add("redis_cpu_us_per_heartbeat", "Redis CPU per heartbeat", (redis2-redis1)*1e6/hb, "µs")
+		res.goal(3, false, "≤ 3 µs")
+	}
+	res.addDur("ack_p50", "heartbeat ack p50", rtt.Quantile(0.5))
+	res.addDur("ack_p99", "heartbeat ack p99", rtt.Quantile(0.99))
+	res.addDur("ack_max", "heartbeat ack max", rtt.Max())
+	res.add("ack_timeouts", "heartbeat acks missing after 2s", float64(smp.timeouts.Load()), "")
+	res.serverFigures(s1, s2)
+	return nil
+}
+
+// teamPairs puts users 0…n-1 in teams of TeamSize.
+func teamPairs(o *Options, n int) [][2]string {
+	pairs := make([][2]string, n)
+	for i := range n {
+		pairs[i] = [2]string{o.team(o.teamOf(i)), o.user(i)}
+	}
+	return pairs
+}
+
+// closeWorkers asks every worker to close its connections (bounded).
+func closeWorkers(ctx context.Context, d *driver) {
+	d.setStatus("closing")
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	_, _ = callAll[struct{}](ctx, d, "close", nil)
+}
+
+func decodeArgs(raw json.RawMessage, v any) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("loadgen: bad arguments: %w", err)
+	}
+	return nil
+}
+
+func unknownOp(op string) error { return fmt.Errorf("loadgen: unknown operation %q", op) }

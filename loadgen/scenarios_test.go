@@ -1,0 +1,188 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/server"
+	"github.com/greendot/greendot/store/memstore"
+)
+
+// Short deadlines keep every scenario to a few seconds.
+const (
+	testTTL       = 1200 * time.Millisecond
+	testHeartbeat = 300 * time.Millisecond
+	testGrace     = 400 * time.Millisecond
+)
+
+// startServer runs a memory-store greendot node on a free port of
+// 127.0.0.1 until the test ends, and returns its ws:// base URL.
+func startServer(t *testing.T) string {
+	t.Helper()
+	st, err := memstore.New(memstore.Config{TTL: testTTL, Grace: testGrace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{
+		Addr:              "127.0.0.1:0",
+		Store:             st,
+		TTL:               testTTL,
+		HeartbeatInterval: testHeartbeat,
+		Grace:             testGrace,
+		DrainSpread:       100 * time.Millisecond,
+		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	return "ws://" + srv.Addr()
+}
+
+// runScenario runs one scenario at a tiny size against a fresh server and
+// returns its result, failing the test on error.
+func runScenario(t *testing.T, scenario string, o Options) *Result {
+	t.Helper()
+	o.Targets = []string{startServer(t)}
+	o.TeamSize = 10
+	o.Grace = testGrace
+	o.Samplers = 2
+	o.MaxTime = time.Minute
+	var progress bytes.Buffer
+	o.Progress = &progress
+	res, err := Run(context.Background(), scenario, o)
+	if err != nil {
+		t.Fatalf("%s: %v\nprogress:\n%s", scenario, err, progress.String())
+	}
+	var table bytes.Buffer
+	if err := res.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	if err := res.WriteJSON(io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if got := fig(t, res, "connected"); got != float64(o.N) {
+		t.Errorf("connected %v of %d", got, o.N)
+	}
+	return res
+}
+
+// fig returns a figure's value; it must exist and be a number.
+func fig(t *testing.T, r *Result, key string) float64 {
+	t.Helper()
+	f, ok := r.Figure(key)
+	if !ok {
+		t.Fatalf("%s: no figure %q", r.Scenario, key)
+	}
+	if math.IsNaN(f.Value) || math.IsInf(f.Value, 0) {
+		t.Fatalf("%s: %s = %v", r.Scenario, key, f.Value)
+	}
+	return f.Value
+}
+
+func expectPositive(t *testing.T, r *Result, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if v := fig(t, r, k); v <= 0 {
+			t.Errorf("%s: %s = %v, want > 0", r.Scenario, k, v)
+		}
+	}
+}
+
+func expectZero(t *testing.T, r *Result, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if v := fig(t, r, k); v != 0 {
+			t.Errorf("%s: %s = %v, want 0", r.Scenario, k, v)
+		}
+	}
+}
+
+// Each scenario runs once, at a tiny size, so that the tool cannot rot. No
+// figure is held to a timing target here: only to being measured, and the
+// correctness ones to zero.
+
+func TestScenarioIdle(t *testing.T) {
+	r := runScenario(t, "idle", Options{N: 20, Duration: time.Second})
+	expectPositive(t, r, "connect_rate", "connect_p99_ms", "heartbeats_per_s", "server_goroutines", "server_rss_mib")
+	fig(t, r, "rss_per_conn_kib")
+	fig(t, r, "cpu_us_per_conn_minute")
+}
+
+func TestScenarioHeartbeat(t *testing.T) {
+	r := runScenario(t, "heartbeat", Options{N: 20, Rate: 100, Duration: time.Second})
+	expectPositive(t, r, "heartbeats_per_s", "ack_p50_ms", "ack_max_ms")
+	fig(t, r, "cpu_us_per_heartbeat")
+	expectZero(t, r, "ack_timeouts")
+}
+
+func TestScenarioFanout(t *testing.T) {
+	r := runScenario(t, "fanout", Options{N: 10, Rounds: 2})
+	if got := fig(t, r, "rounds"); got != 2 {
+		t.Errorf("rounds = %v", got)
+	}
+	if got, want := fig(t, r, "deliveries_received"), fig(t, r, "deliveries_expected"); got != want || want != 40 {
+		t.Errorf("received %v of %v subject changes, want 40", got, want)
+	}
+	expectPositive(t, r, "online_p50_ms", "online_max_ms", "offline_max_ms")
+	expectZero(t, r, "deliveries_missing", "deliveries_spurious")
+}
+
+func TestScenarioChurn(t *testing.T) {
+	r := runScenario(t, "churn", Options{N: 40, Rate: 25, Duration: 2 * time.Second})
+	expectPositive(t, r, "actions_flap", "actions_bounce", "actions_leave", "deliveries_per_s",
+		"server_deliveries_per_s", "real_transitions", "grace_cancellations")
+	fig(t, r, "cpu_ms_per_1000_deliveries")
+	expectZero(t, r, "spurious_deliveries", "spurious_transitions", "missing_transitions")
+	if real, pub := fig(t, r, "real_transitions"), fig(t, r, "published_transitions"); pub < real {
+		t.Errorf("published %v transitions, fewer than the %v caused", pub, real)
+	}
+}
+
+func TestScenarioExpiry(t *testing.T) {
+	r := runScenario(t, "expiry", Options{N: 20, Window: 300 * time.Millisecond})
+	if got := fig(t, r, "subjects_frozen"); got != 10 {
+		t.Errorf("frozen %v subjects, want 10", got)
+	}
+	if got := fig(t, r, "offlines_expected"); got != 50 { // 2 teams × 5 viewers × 5 subjects
+		t.Errorf("expected %v offline deliveries, want 50", got)
+	}
+	if got := fig(t, r, "ttl_ms"); got != float64(testTTL.Milliseconds()) {
+		t.Errorf("ttl = %v", got)
+	}
+	fig(t, r, "lag_p99_ms")
+	expectPositive(t, r, "lag_max_ms")
+	expectZero(t, r, "offlines_missing", "offlines_unexpected", "offlines_early")
+}
+
+func TestScenarioStorm(t *testing.T) {
+	r := runScenario(t, "storm", Options{N: 20, Window: 300 * time.Millisecond})
+	if got := fig(t, r, "reconnected"); got != 20 {
+		t.Errorf("%v back, want 20", got)
+	}
+	expectPositive(t, r, "back_max_ms", "settle_ms", "ack_max_ms", "back_within_grace", "grace_cancellations")
+	expectZero(t, r, "not_back", "changes_within_grace", "ack_timeouts")
+}
+
+// Several worker processes, here goroutines speaking the same protocol
+// over pipes, hold whole teams each and add up to the same figures.
+func TestScenarioAcrossWorkers(t *testing.T) {
+	r := runScenario(t, "churn", Options{N: 60, Rate: 25, Duration: 2 * time.Second, Procs: 3, pipeWorkers: true})
+	expectPositive(t, r, "actions_leave", "deliveries_per_s", "real_transitions")
+	expectZero(t, r, "spurious_deliveries", "spurious_transitions", "missing_transitions")
+}
