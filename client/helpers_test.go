@@ -52,7 +52,11 @@ func (r mainRunner) Run() int {
 	return code
 }
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(mainRunner{m}) }
+// nbio (the in-process server of Example) starts a process-wide task pool
+// in its package init; nothing of ours.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(mainRunner{m}, goleak.IgnoreTopFunction("github.com/lesismal/nbio/taskpool.New.func3"))
+}
 
 // buildServer builds ./cmd/greendot from the module root into dir.
 func buildServer(dir string) (string, error) {
