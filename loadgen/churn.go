@@ -29,8 +29,12 @@ import (
 // changes nothing (online after online), is about someone outside the
 // viewer's team, or is an offline whose server time falls outside every
 // window in which its subject had no connection (and the online after such
-// an offline). After the run each user's version is read through the HTTP
-// API and checked against the transitions the run caused.
+// an offline). Those windows come from each device's state: down from the
+// start of a close or when its client sees the connection end, up once its
+// snapshot arrived. After the run each user's version is read through the
+// HTTP API and checked: one per leave, and at most one pair per window of
+// no connection that lasted a grace or more (a slow close or redial under
+// load is one).
 
 const (
 	flapShare   = 0.4
@@ -46,31 +50,45 @@ type churnUser struct {
 	devs [2]*member
 	busy atomic.Bool
 
-	mu          sync.Mutex
-	gone        [4]window // guarded by mu: recent windows without a connection
-	ngone       int       // guarded by mu
-	leaves      int       // guarded by mu: completed
-	longBounces int       // guarded by mu: bounces that took longer than the grace
+	mu       sync.Mutex
+	up       int       // guarded by mu: devices connected, as far as the generator knows
+	gone     [4]window // guarded by mu: recent windows without a connection
+	ngone    int       // guarded by mu
+	leaves   int       // guarded by mu: completed: each must publish offline and online
+	longGaps int       // guarded by mu: windows as long as the grace: each may publish both
+	failed   bool      // guarded by mu: a redial failed: its transitions cannot be counted
 }
 
 // window is a span in which a user had, or may have had, no connection; to
 // is zero while it lasts.
 type window struct{ from, to time.Time }
 
-func (u *churnUser) open(now time.Time) int {
+// deviceDown records that one of the user's devices went down (the
+// generator began to close it, or its client saw the connection end): the
+// last one down opens a window.
+func (u *churnUser) deviceDown(now time.Time) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	slot := u.ngone % len(u.gone)
-	u.gone[slot] = window{from: now}
-	u.ngone++
-	return slot
+	if u.up--; u.up == 0 {
+		u.gone[u.ngone%len(u.gone)] = window{from: now}
+		u.ngone++
+	}
 }
 
-func (u *churnUser) shut(slot int, now time.Time) time.Duration {
+// deviceUp records a device connected (after its snapshot): the first one
+// up closes the window.
+func (u *churnUser) deviceUp(now time.Time, grace time.Duration) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.gone[slot].to = now
-	return now.Sub(u.gone[slot].from)
+	if u.up++; u.up == 1 && u.ngone > 0 {
+		w := &u.gone[(u.ngone-1)%len(u.gone)]
+		if w.to.IsZero() {
+			w.to = now
+			if w.to.Sub(w.from) >= grace {
+				u.longGaps++
+			}
+		}
+	}
 }
 
 // goneAt says whether at falls in one of the user's windows.
@@ -97,9 +115,10 @@ type churnWorker struct {
 	running sync.WaitGroup
 
 	// Counters of deliveries (changes received outside snapshots).
-	delivered, spurious, noops, foreign, flickers, snapshotChanges atomic.Int64
-	deliveredAtStart, deliveredAtStop                               int64
-	flaps, bounces, leaves, skipped                                 atomic.Int64
+	delivered, spurious, noops, foreign, flickers, snapshotChanges, coalesced atomic.Int64
+	closeTime, dialTime                                                       syncHist // of each device's close and redial
+	deliveredAtStart, deliveredAtStop                                         int64
+	flaps, bounces, leaves, skipped                                           atomic.Int64
 }
 
 func newChurnWorker(env *workerEnv) handler {
@@ -125,8 +144,25 @@ func newChurnWorker(env *workerEnv) handler {
 // options makes a device's client options with the viewer's classifier.
 func (w *churnWorker) options(m *member) client.Options {
 	co := w.env.dial.options(m)
-	spuriousOffline := map[string]bool{} // only the client's reader touches it
+	u, grace := w.byUser[m.user], w.env.o.Grace
+	co.OnStateChange = func(sc client.StateChange) {
+		now := time.Now()
+		if sc.State == client.Connected {
+			if m.up.CompareAndSwap(false, true) {
+				w.env.ctr.conns.Add(1)
+				u.deviceUp(now, grace)
+			}
+		} else if m.up.CompareAndSwap(true, false) {
+			w.env.ctr.conns.Add(-1)
+			u.deviceDown(now)
+		}
+	}
+	// Only the client's reader touches these.
+	spuriousOffline := map[string]bool{}
+	versions := map[string]uint64{}
 	co.OnChange = func(ch client.Change) {
+		prev := versions[ch.UserID]
+		versions[ch.UserID] = ch.Version
 		if ch.FromSnapshot {
 			w.snapshotChanges.Add(1)
 			return
@@ -138,6 +174,10 @@ func (w *churnWorker) options(m *member) client.Options {
 		case su == nil || su.team != m.team:
 			w.foreign.Add(1)
 			w.spurious.Add(1)
+		case ch.State == ch.Previous && ch.Version > prev+1:
+			// The outbox replaced a queued change by a newer one (offline
+			// then online within one flush): by design, not spurious.
+			w.coalesced.Add(1)
 		case ch.State == ch.Previous:
 			w.noops.Add(1)
 			w.spurious.Add(1)
@@ -166,22 +206,26 @@ type churnArgs struct {
 }
 
 type churnReply struct {
-	Flaps           int64 `json:"flaps"`
-	Bounces         int64 `json:"bounces"`
-	Leaves          int64 `json:"leaves"`
-	Skipped         int64 `json:"skipped"`
-	LongBounces     int   `json:"long_bounces"`
-	InWindow        int64 `json:"in_window"` // deliveries between start and stop
-	Delivered       int64 `json:"delivered"` // deliveries from start to the end of the tail
-	Spurious        int64 `json:"spurious"`
-	Noops           int64 `json:"noops"`
-	Foreign         int64 `json:"foreign"`
-	Flickers        int64 `json:"flickers"`
-	SnapshotChanges int64 `json:"snapshot_changes"`
-	Checked         int   `json:"checked"`         // users whose version was read
-	ExtraVersions   int   `json:"extra_versions"`  // transitions published beyond those caused
-	MissingVersions int   `json:"missing_versions"` // transitions caused but not published
-	CheckErr        string `json:"check_err,omitempty"`
+	Flaps           int64     `json:"flaps"`
+	Bounces         int64     `json:"bounces"`
+	Leaves          int64     `json:"leaves"`
+	Skipped         int64     `json:"skipped"`
+	LongGaps        int       `json:"long_gaps"` // windows as long as the grace, leaves aside
+	InWindow        int64     `json:"in_window"` // deliveries between start and stop
+	Delivered       int64     `json:"delivered"` // deliveries from start to the end of the tail
+	Spurious        int64     `json:"spurious"`
+	Noops           int64     `json:"noops"`
+	Foreign         int64     `json:"foreign"`
+	Flickers        int64     `json:"flickers"`
+	SnapshotChanges int64     `json:"snapshot_changes"`
+	Coalesced       int64     `json:"coalesced"` // same state, versions skipped: the outbox kept the latest
+	CloseTime       Histogram `json:"close_time"`
+	DialTime        Histogram `json:"dial_time"`
+	Checked         int       `json:"checked"`          // users whose version was read
+	Unchecked       int       `json:"unchecked"`        // users left out: one of their redials failed
+	ExtraVersions   int       `json:"extra_versions"`   // transitions published beyond those caused
+	MissingVersions int       `json:"missing_versions"` // transitions caused but not published
+	CheckErr        string    `json:"check_err,omitempty"`
 }
 
 func (w *churnWorker) handle(ctx context.Context, op string, raw json.RawMessage) (any, error) {
@@ -266,30 +310,14 @@ func (w *churnWorker) act(ctx context.Context, u *churnUser) {
 	case p < flapShare:
 		w.flaps.Add(1)
 		d := rand.N(2)
-		slot := -1
-		if u.devs[1-d].c == nil { // the other device is down: so is the user
-			slot = u.open(time.Now())
-		}
 		w.drop(u.devs[d])
 		w.redial(ctx, u.devs[d])
-		if slot >= 0 && u.devs[d].c != nil {
-			u.shut(slot, time.Now())
-		}
 	case p < flapShare+bounceShare:
 		w.bounces.Add(1)
-		slot := u.open(time.Now())
 		w.both(u, w.drop)
 		w.both(u, func(m *member) { w.redial(ctx, m) })
-		if u.devs[0].c != nil || u.devs[1].c != nil {
-			if u.shut(slot, time.Now()) >= w.env.o.Grace {
-				u.mu.Lock()
-				u.longBounces++
-				u.mu.Unlock()
-			}
-		}
 	default:
 		w.leaves.Add(1)
-		slot := u.open(time.Now())
 		w.both(u, w.drop)
 		away := w.env.o.Grace + time.Second + rand.N(time.Second)
 		if !sleepCtx(ctx, away) {
@@ -297,7 +325,6 @@ func (w *churnWorker) act(ctx context.Context, u *churnUser) {
 		}
 		w.both(u, func(m *member) { w.redial(ctx, m) })
 		if u.devs[0].c != nil || u.devs[1].c != nil {
-			u.shut(slot, time.Now())
 			u.mu.Lock()
 			u.leaves++
 			u.mu.Unlock()
@@ -305,16 +332,32 @@ func (w *churnWorker) act(ctx context.Context, u *churnUser) {
 	}
 }
 
+// drop closes a device. It counts as down from the start of the close: the
+// server may see the close frame long before Close returns.
 func (w *churnWorker) drop(m *member) {
 	if m.c != nil {
+		start := time.Now()
+		if m.up.CompareAndSwap(true, false) {
+			w.env.ctr.conns.Add(-1)
+			w.byUser[m.user].deviceDown(start)
+		}
 		_ = m.c.Close()
+		w.closeTime.Record(time.Since(start))
 		m.c = nil
 	}
 }
 
 func (w *churnWorker) redial(ctx context.Context, m *member) {
 	if m.c == nil {
+		start := time.Now()
 		m.c, _ = w.env.dial.dial(ctx, m, w.options(m))
+		w.dialTime.Record(time.Since(start))
+		if m.c == nil {
+			u := w.byUser[m.user]
+			u.mu.Lock()
+			u.failed = true
+			u.mu.Unlock()
+		}
 	}
 }
 
@@ -335,7 +378,8 @@ func (w *churnWorker) report(ctx context.Context) churnReply {
 		Flaps: w.flaps.Load(), Bounces: w.bounces.Load(), Leaves: w.leaves.Load(), Skipped: w.skipped.Load(),
 		InWindow: w.deliveredAtStop - w.deliveredAtStart, Delivered: w.delivered.Load() - w.deliveredAtStart,
 		Spurious: w.spurious.Load(), Noops: w.noops.Load(), Foreign: w.foreign.Load(), Flickers: w.flickers.Load(),
-		SnapshotChanges: w.snapshotChanges.Load(),
+		SnapshotChanges: w.snapshotChanges.Load(), Coalesced: w.coalesced.Load(),
+		CloseTime: w.closeTime.take(), DialTime: w.dialTime.take(),
 	}
 	for start := 0; start < len(w.users); start += protocol.MaxQueryIDs {
 		batch := w.users[start:min(start+protocol.MaxQueryIDs, len(w.users))]
@@ -351,9 +395,14 @@ func (w *churnWorker) report(ctx context.Context) churnReply {
 		for i, u := range batch {
 			u.mu.Lock()
 			least := 1 + 2*u.leaves
-			most := least + 2*u.longBounces
-			r.LongBounces += u.longBounces
+			most := 1 + 2*u.longGaps
+			r.LongGaps += u.longGaps - u.leaves
+			failed := u.failed
 			u.mu.Unlock()
+			if failed {
+				r.Unchecked++
+				continue
+			}
 			v := int(got[i].Version)
 			r.ExtraVersions += max(v-most, 0)
 			r.MissingVersions += max(least-v, 0)
@@ -460,7 +509,7 @@ func driveChurn(ctx context.Context, d *driver) error {
 		t.Bounces += x.Bounces
 		t.Leaves += x.Leaves
 		t.Skipped += x.Skipped
-		t.LongBounces += x.LongBounces
+		t.LongGaps += x.LongGaps
 		t.InWindow += x.InWindow
 		t.Delivered += x.Delivered
 		t.Spurious += x.Spurious
@@ -468,7 +517,11 @@ func driveChurn(ctx context.Context, d *driver) error {
 		t.Foreign += x.Foreign
 		t.Flickers += x.Flickers
 		t.SnapshotChanges += x.SnapshotChanges
+		t.Coalesced += x.Coalesced
+		t.CloseTime.Merge(x.CloseTime)
+		t.DialTime.Merge(x.DialTime)
 		t.Checked += x.Checked
+		t.Unchecked += x.Unchecked
 		t.ExtraVersions += x.ExtraVersions
 		t.MissingVersions += x.MissingVersions
 		if t.CheckErr == "" {
@@ -498,13 +551,19 @@ func driveChurn(ctx context.Context, d *driver) error {
 	res.goal(0, false, "0")
 	res.add("missing_transitions", "transitions caused but not published", float64(t.MissingVersions), "")
 	res.goal(0, false, "0")
+	res.add("coalesced_deliveries", "deliveries that skipped versions (outbox coalescing)", float64(t.Coalesced), "")
 	res.add("grace_cancellations", "graces cancelled", s3.Get(mGraceCancel)-s1.Get(mGraceCancel), "")
+	res.addDur("close_p99", "a device's close, p99 (load generator)", t.CloseTime.Quantile(0.99))
+	res.addDur("redial_p99", "a device's redial, p99 (load generator)", t.DialTime.Quantile(0.99))
+	res.addDur("redial_max", "a device's redial, max", t.DialTime.Max())
+	res.add("redials_failed", "redials that failed (after 3 tries)", float64(d.progress().DialErrs), "")
+	res.add("users_unchecked", "users left out of the version check (a redial failed)", float64(t.Unchecked), "")
 	res.serverFigures(s1, s2)
 	if t.Noops+t.Foreign+t.Flickers > 0 {
 		res.note("spurious: %d changed nothing, %d about users outside the viewer's team, %d offline flickers", t.Noops, t.Foreign, t.Flickers)
 	}
-	if t.LongBounces > 0 {
-		res.note("%d bounces took longer than the grace; their transitions count as real", t.LongBounces)
+	if t.LongGaps > 0 {
+		res.note("%d times (leaves aside) a user had no connection for a grace or more (slow closes or redials); their transitions count as real", t.LongGaps)
 	}
 	if t.CheckErr != "" {
 		res.note("version check incomplete (%d users checked): %s", t.Checked, t.CheckErr)

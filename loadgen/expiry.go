@@ -33,7 +33,7 @@ type expiryWorker struct {
 	viewers  map[int]int            // team → viewers in it; set by connect
 	ttl      time.Duration
 
-	lag                       syncHist
+	lag                      syncHist
 	pairs, unexpected, early atomic.Int64
 }
 

@@ -100,6 +100,7 @@ greendot_offline_detection_lag_seconds_bucket{le="+Inf"} 100
 greendot_offline_detection_lag_seconds_sum 12
 greendot_offline_detection_lag_seconds_count 100
 weird{label="a b}c"} 3 1700000000000
+greendot_go_goroutines 16
 garbage line
 `
 
@@ -110,6 +111,9 @@ func TestParseMetrics(t *testing.T) {
 	}
 	if s.Get(mConns) != 42 || s.Get(mHeap) != 1.2e7 || s.Get(`weird{label="a b}c"}`) != 3 {
 		t.Fatalf("sample = %v", s)
+	}
+	if s.Get(mGoroutines) != 16 {
+		t.Errorf("prefixed Go metrics must be read under their usual names too: %v", s.Get(mGoroutines))
 	}
 	if got := s.Sum(mChanges); got != 17 {
 		t.Errorf("sum of changes = %v, want 17", got)

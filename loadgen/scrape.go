@@ -19,7 +19,7 @@ import (
 const (
 	mRSS         = "greendot_process_resident_memory_bytes"
 	mCPU         = "greendot_process_cpu_seconds_total"
-	mHeap        = "go_memstats_heap_alloc_bytes"
+	mHeap        = "go_memstats_heap_alloc_bytes" // or greendot_go_…: see parseMetrics
 	mGoroutines  = "go_goroutines"
 	mConns       = "greendot_connections"
 	mHeartbeats  = "greendot_heartbeats_total"
@@ -72,6 +72,15 @@ func parseMetrics(r io.Reader) (Sample, error) {
 			continue
 		}
 		s[line[:end]] += v
+	}
+	// Servers may prefix the Go runtime's metrics (greendot_go_goroutines):
+	// keep them under their usual names too.
+	for k, v := range s {
+		if strings.HasPrefix(k, "greendot_go_") {
+			if _, ok := s[k[len("greendot_"):]]; !ok {
+				s[k[len("greendot_"):]] = v
+			}
+		}
 	}
 	return s, sc.Err()
 }

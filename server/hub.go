@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,7 +39,10 @@ type hub struct {
 	jobWake chan struct{} // cap 1; never closed
 }
 
-var _ store.Handler = (*hub)(nil)
+var (
+	_ store.Handler  = (*hub)(nil)
+	_ store.Resyncer = (*hub)(nil)
+)
 
 func newHub(s *Server) *hub {
 	return &hub{
@@ -72,7 +76,8 @@ func (h *hub) add(ctx context.Context, c *client) ([]string, error) {
 }
 
 // loadTeams reads lu's teams; a membership event during the read makes it
-// read again, so the index never keeps a stale list.
+// read again, so the index never keeps a stale list. The teams are watched
+// before they are indexed, so no change routed through them is missed.
 func (h *hub) loadTeams(ctx context.Context, lu *localUser) error {
 	for {
 		h.mu.RLock()
@@ -82,23 +87,25 @@ func (h *hub) loadTeams(ctx context.Context, lu *localUser) error {
 		if err != nil {
 			return err
 		}
-		h.mu.Lock()
-		if lu.gen != gen {
-			h.mu.Unlock()
-			continue
+		if err := h.watch(ctx, teams); err != nil {
+			return err
 		}
-		var created []string
-		if lu.teams == nil {
-			lu.teams = make(map[string]struct{}, len(teams))
-			for _, t := range teams {
-				if h.joinLocked(lu, t) {
-					created = append(created, t)
-				}
+		h.mu.Lock()
+		if lu.gen != gen || lu.teams != nil {
+			stale := lu.gen != gen
+			h.mu.Unlock()
+			h.unwatchLater(teams)
+			if stale {
+				continue
 			}
+			return nil // loaded meanwhile by another connection
+		}
+		lu.teams = make(map[string]struct{}, len(teams))
+		for _, t := range teams {
+			h.joinLocked(lu, t)
 		}
 		h.mu.Unlock()
-		// Before the snapshot is read, so no change in between is missed.
-		return h.watch(ctx, created)
+		return nil
 	}
 }
 
@@ -128,9 +135,9 @@ func (h *hub) leaveLocked(lu *localUser, team string) bool {
 	return false
 }
 
-// watch asks a shared store for the events of teams that gained their first
-// local member; unwatch (on the worker) gives them back. The store counts,
-// so every creation and every removal of a team here makes exactly one call.
+// watch asks a shared store for the events of teams, once per local user and
+// team; unwatchLater (on the worker) gives them back. The store counts, and
+// subscribes a team's channel while its count is positive.
 func (h *hub) watch(ctx context.Context, teams []string) error {
 	w, ok := h.srv.store.(store.Watcher)
 	if !ok || len(teams) == 0 {
@@ -147,15 +154,28 @@ func (h *hub) unwatchLater(teams []string) {
 	h.enqueue(func(context.Context) { w.Unwatch(teams) })
 }
 
-func (h *hub) watchLater(teams []string) {
-	if _, ok := h.srv.store.(store.Watcher); !ok || len(teams) == 0 {
+// joinWatched indexes a local user under a team they joined, once the team
+// is watched, if they are still connected here and still a member.
+func (h *hub) joinWatched(ctx context.Context, lu *localUser, team string) {
+	if err := h.watch(ctx, []string{team}); err != nil {
+		h.srv.log.Warn("watch team", "err", err)
 		return
 	}
-	h.enqueue(func(ctx context.Context) {
-		if err := h.watch(ctx, teams); err != nil {
-			h.srv.log.Warn("watch teams", "err", err)
-		}
-	})
+	teams, err := h.srv.store.TeamsOf(ctx, lu.id)
+	if err != nil {
+		h.unwatchLater([]string{team})
+		return
+	}
+	h.mu.Lock()
+	_, member := lu.teams[team]
+	ok := h.users[lu.id] == lu && lu.teams != nil && !member && slices.Contains(teams, team)
+	if ok {
+		h.joinLocked(lu, team)
+	}
+	h.mu.Unlock()
+	if !ok {
+		h.unwatchLater([]string{team})
+	}
 }
 
 // remove unregisters c; the last connection of a user drops the user.
@@ -176,14 +196,13 @@ func (h *hub) remove(c *client) {
 	if len(lu.conns) > 0 {
 		return
 	}
-	var gone []string
+	var teams []string
 	for t := range lu.teams {
-		if h.leaveLocked(lu, t) {
-			gone = append(gone, t)
-		}
+		h.leaveLocked(lu, t)
+		teams = append(teams, t)
 	}
 	delete(h.users, c.user)
-	h.unwatchLater(gone)
+	h.unwatchLater(teams)
 }
 
 func (h *hub) count() int {
@@ -211,7 +230,9 @@ func (h *hub) teamsOf(user string) []string {
 // shares one of the subject's teams, once each.
 func (h *hub) OnPresence(ev store.PresenceEvent) {
 	ch := wireChange(ev.Change)
-	h.srv.metrics.changes.WithLabelValues(ch.State).Inc()
+	if ev.Via == "" || (len(ev.Teams) > 0 && ev.Via == ev.Teams[0]) {
+		h.srv.metrics.changes.WithLabelValues(ch.State).Inc() // once, not once per team
+	}
 	n := 0
 	h.mu.RLock()
 	if ev.Via != "" {
@@ -272,13 +293,12 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		_, member := subject.teams[ev.Team]
 		switch {
 		case ev.Joined && !member:
-			if h.joinLocked(subject, ev.Team) {
-				h.watchLater([]string{ev.Team})
-			}
+			// Indexed only once watched (on the worker): routing by Via
+			// through a team not yet subscribed would drop changes.
+			h.enqueue(func(ctx context.Context) { h.joinWatched(ctx, subject, ev.Team) })
 		case !ev.Joined && member:
-			if h.leaveLocked(subject, ev.Team) {
-				h.unwatchLater([]string{ev.Team})
-			}
+			h.leaveLocked(subject, ev.Team)
+			h.unwatchLater([]string{ev.Team})
 		}
 	} else if subject != nil {
 		subject.gen++ // a load is under way; it will read again
@@ -392,10 +412,11 @@ func wireChange(c presence.Change) protocol.Change {
 	return protocol.Change{UserID: c.UserID, State: c.State.String(), Version: c.Version, At: c.At.UnixMilli()}
 }
 
-// OnResync is called by a shared store when it may have missed events (it
-// lost Redis for a while): every local connection is sent the current state
-// of the users it may see. Clients drop what they already hold.
-func (h *hub) OnResync() {
+// OnResync implements store.Resyncer: every local connection is sent the
+// current state of the users it may see; offline users at floor, so that an
+// offline a viewer missed overrides the online it holds. Clients drop what
+// they already hold.
+func (h *hub) OnResync(floor uint64) {
 	h.enqueue(func(ctx context.Context) {
 		h.mu.RLock()
 		users := make([]*localUser, 0, len(h.users))
@@ -403,16 +424,21 @@ func (h *hub) OnResync() {
 			users = append(users, lu)
 		}
 		h.mu.RUnlock()
+		now := h.srv.cfg.Now().UnixMilli()
 		for _, lu := range users {
 			ps, err := h.srv.snapshot(ctx, lu.id, h.teamsOf(lu.id))
 			if err != nil {
 				h.srv.log.Warn("resync", "err", err)
-				return
+				continue
 			}
 			h.mu.RLock()
 			for _, c := range lu.conns {
 				for _, p := range ps {
-					c.push(protocol.Change{UserID: p.UserID, State: p.State.String(), Version: p.Version, At: p.LastSeen.UnixMilli()}, true)
+					v := p.Version
+					if p.State == presence.Offline {
+						v = max(v, floor)
+					}
+					c.push(protocol.Change{UserID: p.UserID, State: p.State.String(), Version: v, At: now}, true)
 				}
 			}
 			h.mu.RUnlock()

@@ -33,6 +33,7 @@ type client struct {
 	registered atomic.Bool  // the store knows this connection
 	closed     atomic.Bool
 	closeFrame atomic.Bool // the close was clean: a close frame, either way
+	away       atomic.Bool // the device said it is idle
 
 	// Only the frame handler touches these; nbio calls it serially.
 	tokens    float64
@@ -45,6 +46,7 @@ type client struct {
 	queued  bool                       // on the hub's dirty list
 	pending map[string]protocol.Change // by subject; nil when empty
 	order   []string                   // subjects in arrival order
+	bulk    int                        // pending entries queued by bulk pushes: exempt from MaxPending
 	expiry  *time.Timer                // token expiry; nil without exp
 }
 
@@ -91,9 +93,13 @@ func (c *client) push(ch protocol.Change, bulk bool) {
 		m.coalesced.Inc()
 	} else {
 		c.order = append(c.order, ch.UserID)
+		if bulk {
+			c.bulk++
+		}
 	}
 	c.pending[ch.UserID] = ch
-	slow := !bulk && len(c.pending) > c.srv.cfg.MaxPending
+	pending := len(c.pending)
+	slow := !bulk && pending > c.srv.cfg.MaxPending+c.bulk
 	schedule := c.ready && !c.queued && !slow
 	if schedule {
 		c.queued = true
@@ -101,7 +107,7 @@ func (c *client) push(ch protocol.Change, bulk bool) {
 	c.mu.Unlock()
 	if slow {
 		m.slowDisconnects.Inc()
-		m.dropped.WithLabelValues(reasonSlow).Add(float64(c.srv.cfg.MaxPending))
+		m.dropped.WithLabelValues(reasonSlow).Add(float64(pending))
 		c.closeWith(protocol.CloseTryAgainLater, "slow consumer")
 		return
 	}
@@ -168,6 +174,7 @@ func (c *client) flush() {
 	}
 	c.pending = nil
 	c.order = c.order[:0]
+	c.bulk = 0
 	c.writeJSONLocked(frame)
 	c.mu.Unlock()
 	c.srv.metrics.deliveries.Add(float64(len(frame.Changes)))
@@ -204,7 +211,8 @@ func (c *client) closeWith(code int, reason string) {
 	if c.closed.Swap(true) {
 		return
 	}
-	c.closeFrame.Store(true)
+	// Our close is no sign of life from the client: only its answering
+	// close frame is (the close handler notes it).
 	_ = c.ws.WriteClose(code, reason)
 	_ = c.ws.Close()
 }

@@ -47,15 +47,18 @@ type Config struct {
 	RateLimit         float64       // client frames per second; 20
 	RateBurst         int           // 40
 	MaxPending        int           // queued changes per connection before it is slow; 10000
-	MaxWriteBuffer    int           // unsent bytes per connection before it is slow; 256 KiB
-	SocketSendBuffer  int           // SO_SNDBUF of each connection; 0 leaves the kernel's autotuning
-	DrainSpread       time.Duration // reconnect delays are spread over this; 3s
-	SweepInterval     time.Duration // 100ms
-	FlushDelay        time.Duration // batching window for changes; 5ms
-	Static            http.Handler  // serves the demo page at /, if set
-	Logger            *slog.Logger
-	Registry          *prometheus.Registry // metrics; a new registry when nil
-	Now               func() time.Time
+	// MaxWriteBuffer: unsent bytes per connection before it is closed as
+	// slow; 4 MiB. It bounds HTTP responses too (a team presence of ~80,000
+	// present members).
+	MaxWriteBuffer   int
+	SocketSendBuffer int           // SO_SNDBUF of each connection; 0 leaves the kernel's autotuning
+	DrainSpread      time.Duration // reconnect delays are spread over this; 3s
+	SweepInterval    time.Duration // 100ms
+	FlushDelay       time.Duration // batching window for changes; 5ms
+	Static           http.Handler  // serves the demo page at /, if set
+	Logger           *slog.Logger
+	Registry         *prometheus.Registry // metrics; a new registry when nil
+	Now              func() time.Time
 }
 
 // Server is one greendot node.
@@ -108,7 +111,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.RateBurst = 40
 	}
 	if cfg.MaxWriteBuffer == 0 {
-		cfg.MaxWriteBuffer = 256 << 10
+		cfg.MaxWriteBuffer = 4 << 20
 	}
 	if cfg.MaxPending == 0 {
 		cfg.MaxPending = 10000
@@ -240,9 +243,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// Not ready, and new connections get 503, while clients are moved:
 		// a load balancer sees the node leave before its port closes.
 		s.draining.Store(true)
+		drainStart := time.Now()
 		s.hub.drainAll(s.cfg.DrainSpread)
 		// Give closes a moment to be handled, so their users enter grace.
 		waitUntil(ctx, 2*time.Second, func() bool { return s.hub.count() == 0 })
+		// Keep answering 503 while clients come back (they wait up to
+		// DrainSpread), so health checks see this node leave.
+		waitUntil(ctx, s.cfg.DrainSpread-time.Since(drainStart), func() bool { return false })
 		if s.ln != nil {
 			_ = s.ln.Close()
 		}

@@ -71,6 +71,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !websocketRequest(r) {
+		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
 		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "expected a WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)")
 		return
 	}
@@ -241,6 +242,7 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 	case f.Status != nil:
 		s.metrics.frames.WithLabelValues(protocol.TypeStatus).Inc()
 		active := f.Status.State == protocol.StateOnline
+		c.away.Store(!active)
 		err := s.timed(store.OpStatus, func() error { return s.store.SetStatus(ctx, c.id, active) })
 		if errors.Is(err, store.ErrUnknownConn) {
 			if s.reassert(ctx, c) == nil {
@@ -281,6 +283,9 @@ func (s *Server) reassert(ctx context.Context, c *client) error {
 	err := s.store.Connect(ctx, presence.Conn{ID: c.id, UserID: c.user, Device: c.device, Node: s.cfg.NodeID})
 	if errors.Is(err, store.ErrDuplicateConn) {
 		return nil
+	}
+	if err == nil && c.away.Load() {
+		err = s.store.SetStatus(ctx, c.id, false) // it comes back idle, as it was
 	}
 	return err
 }

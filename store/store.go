@@ -109,6 +109,15 @@ type Watcher interface {
 	Unwatch(teams []string)
 }
 
+// Resyncer is implemented by handlers that can catch viewers up after a
+// shared store may have missed events (Redis lost data, or messages were
+// lost with a connection). floor is a version above every version published
+// before the call: an offline sent at floor overrides any state a viewer
+// may hold, and later changes carry higher versions.
+type Resyncer interface {
+	OnResync(floor uint64)
+}
+
 // Observable is implemented by stores that report outcomes to an Observer;
 // the server sets one before use.
 type Observable interface {

@@ -18,7 +18,7 @@ import (
 // the wall clock and no observer.
 type Config struct {
 	TTL      time.Duration
-	Grace    time.Duration // 0: offline is published as soon as the last connection ends
+	Grace    time.Duration    // 0: offline is published as soon as the last connection ends
 	Now      func() time.Time // injected clock; time.Now when nil
 	Observer store.Observer
 }

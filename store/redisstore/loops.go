@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
 )
@@ -21,6 +23,7 @@ func (s *Store) flushLoop() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		s.flushHeartbeats(ctx)
+		s.retryPublish(ctx)
 		cancel()
 	}
 }
@@ -100,6 +103,34 @@ func (s *Store) reassert(ctx context.Context, id string) {
 	s.m.reassertions.Inc()
 }
 
+// countPresent refreshes the number of users not offline, over all shards.
+func (s *Store) countPresent(ctx context.Context) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, numShards)
+	for sh := range cmds {
+		cmds[sh] = pipe.Get(ctx, prefix(sh)+"present")
+	}
+	_, _ = pipe.Exec(ctx)
+	var n int64
+	for _, c := range cmds {
+		v, err := c.Int64()
+		if err != nil && err != redis.Nil {
+			return
+		}
+		n += v
+	}
+	s.present.Store(n)
+}
+
+// Counts reports this node's live connections and the users not offline
+// across the deployment (refreshed every NodeTTL/3).
+func (s *Store) Counts() (conns, present int) {
+	s.mu.Lock()
+	conns = len(s.conns)
+	s.mu.Unlock()
+	return conns, int(s.present.Load())
+}
+
 // beatLoop keeps this node's liveness fresh in every shard.
 func (s *Store) beatLoop() {
 	defer s.wg.Done()
@@ -113,16 +144,28 @@ func (s *Store) beatLoop() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.NodeTTL/3)
 		s.beat(ctx, false)
+		s.countPresent(ctx)
 		cancel()
 	}
 }
 
 func (s *Store) beat(ctx context.Context, leaving bool) {
-	_, err := s.evalShards(ctx, s.sc.beat, func(sh int) []any {
+	replies, err := s.evalShards(ctx, s.sc.beat, func(sh int) []any {
 		return []any{prefix(sh), s.cfg.Node, boolArg(leaving)}
 	})
 	if err != nil {
 		s.m.errors.WithLabelValues("beat").Inc()
+		s.healthy.Store(false)
+		return
+	}
+	missing := false
+	for _, v := range replies {
+		missing = missing || toInt(v) == 1
+	}
+	// This node vanished from a shard although it beat before: Redis lost
+	// its data, or the node stalled and was taken for dead. Recover now.
+	if missing && s.beaten.Swap(true) && !leaving {
+		s.log.Warn("redis no longer knew this node: re-asserting live connections")
 		s.healthy.Store(false)
 	}
 }
@@ -156,6 +199,9 @@ func (s *Store) healthLoop() {
 			}
 		default:
 			s.m.up.Set(1)
+			if s.needResync.Swap(false) {
+				s.resync(ctx)
+			}
 		}
 		cancel()
 	}
@@ -163,6 +209,10 @@ func (s *Store) healthLoop() {
 
 // recover re-asserts every local connection and reconciles each shard.
 func (s *Store) recover(ctx context.Context) error {
+	since, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return err
+	}
 	s.beat(ctx, false)
 	s.mu.Lock()
 	type entry struct {
@@ -194,19 +244,39 @@ func (s *Store) recover(ctx context.Context) error {
 		}
 		s.m.reassertions.Add(float64(len(all)))
 	}
-	_, err := s.evalShards(ctx, s.sc.reconcile, func(sh int) []any {
-		return append([]any{prefix(sh), s.cfg.Node, s.ttlMS(), s.graceMS()}, byShard[sh]...)
+	// Live ids as they are now: connections made while re-asserting stay.
+	s.mu.Lock()
+	byShard = make(map[int][]any)
+	for id, lc := range s.conns {
+		sh := shardOf(lc.user)
+		byShard[sh] = append(byShard[sh], id)
+	}
+	s.mu.Unlock()
+	replies, err := s.evalShards(ctx, s.sc.reconcile, func(sh int) []any {
+		return append([]any{prefix(sh), s.cfg.Node, s.ttlMS(), s.graceMS(), since.UnixMilli()}, byShard[sh]...)
 	})
+	for _, v := range replies {
+		_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
+	}
 	if err != nil {
 		return err
 	}
-	if err := s.subs.resubscribe(ctx); err != nil {
-		return err
-	}
-	if r, ok := s.handler.(interface{ OnResync() }); ok {
-		r.OnResync()
-	}
+	s.resync(ctx)
 	return nil
+}
+
+// resync asks the handler to catch its viewers up, with a version floor
+// taken from Redis's clock (versions are Redis microseconds or above).
+func (s *Store) resync(ctx context.Context) {
+	r, ok := s.handler.(store.Resyncer)
+	if !ok {
+		return
+	}
+	now, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return
+	}
+	r.OnResync(uint64(now.UnixMicro()))
 }
 
 func asStrings(v any) []string {

@@ -37,11 +37,13 @@ type subscriber struct {
 	members *redis.PubSub
 	shards  map[string]*redis.PubSub // by channel hash tag ("" on a single server)
 	watched map[string]int           // team → watches minus unwatches; absent when 0
+	expect  map[string]int           // subscription confirmations we asked for, by channel
 	wg      sync.WaitGroup
 }
 
 func newSubscriber(s *Store) *subscriber {
-	return &subscriber{s: s, shards: make(map[string]*redis.PubSub), watched: make(map[string]int)}
+	return &subscriber{s: s, shards: make(map[string]*redis.PubSub), watched: make(map[string]int),
+		expect: make(map[string]int)}
 }
 
 func (sb *subscriber) start(ctx context.Context) error {
@@ -80,6 +82,7 @@ func (s *Store) Watch(ctx context.Context, teams []string) error {
 		ch := teamChannel(t)
 		b := sb.bucket(ch)
 		ps := sb.shards[b]
+		sb.expect[ch]++
 		if ps == nil {
 			ps = s.rdb.SSubscribe(ctx, ch)
 			sb.shards[b] = ps
@@ -113,18 +116,40 @@ func (s *Store) Unwatch(teams []string) {
 	}
 }
 
-// resubscribe: go-redis subscribes again by itself when a connection comes
-// back, so there is nothing to redo; kept as the hook for recovery.
-func (sb *subscriber) resubscribe(context.Context) error { return nil }
-
 func (sb *subscriber) read(ps *redis.PubSub) {
 	sb.wg.Add(1)
 	go func() {
 		defer sb.wg.Done()
-		for msg := range ps.Channel() { // closed by ps.Close
-			sb.dispatch(msg)
+		for msg := range ps.ChannelWithSubscriptions() { // closed by ps.Close
+			switch m := msg.(type) {
+			case *redis.Message:
+				sb.dispatch(m)
+			case *redis.Subscription:
+				sb.confirmed(m)
+			}
 		}
 	}()
+}
+
+// confirmed notes a subscription confirmation. One nobody asked for means
+// go-redis reconnected and subscribed again by itself: messages may have been
+// lost meanwhile, so viewers are resynced.
+func (sb *subscriber) confirmed(m *redis.Subscription) {
+	if m.Kind != "ssubscribe" && m.Kind != "subscribe" {
+		return
+	}
+	sb.mu.Lock()
+	expected := sb.expect[m.Channel] > 0
+	if expected {
+		sb.expect[m.Channel]--
+		if sb.expect[m.Channel] == 0 {
+			delete(sb.expect, m.Channel)
+		}
+	}
+	sb.mu.Unlock()
+	if !expected {
+		sb.s.needResync.Store(true)
+	}
 }
 
 func (sb *subscriber) dispatch(msg *redis.Message) {

@@ -81,12 +81,20 @@ type Store struct {
 	hbMu      sync.Mutex
 	hbPending map[int][]string // shard → connection ids heard from
 
+	pubMu       sync.Mutex
+	unpublished []pubMsg // changes whose publish failed, retried by flushLoop
+
 	subs *subscriber
 
 	healthy atomic.Bool
-	stop    chan struct{} // closed by Close; never sent on
-	wg      sync.WaitGroup
-	closed  atomic.Bool
+	beaten  atomic.Bool  // the first beat is done
+	present atomic.Int64 // users not offline, all shards
+	// needResync: a subscription was re-established; the health check
+	// resyncs viewers.
+	needResync atomic.Bool
+	stop       chan struct{} // closed by Close; never sent on
+	wg         sync.WaitGroup
+	closed     atomic.Bool
 }
 
 var (
@@ -139,6 +147,10 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		hbPending: make(map[int][]string),
 		stop:      make(chan struct{}),
 	}
+	// A script that timed out may have run: retrying it could apply it twice.
+	// Failures surface instead, and re-assertion repairs what they leave.
+	opts.MaxRetries = -1
+	opts.ContextTimeoutEnabled = true // deadlines hold even when Redis hangs
 	probe := redis.NewClient(opts)
 	info, err := probe.Info(ctx, "cluster").Result()
 	_ = probe.Close()
@@ -148,9 +160,17 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if strings.Contains(info, "cluster_enabled:1") {
 		s.cluster = true
 		s.rdb = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:    []string{opts.Addr},
-			Username: opts.Username,
-			Password: opts.Password,
+			Addrs:        []string{opts.Addr},
+			Username:     opts.Username,
+			Password:     opts.Password,
+			TLSConfig:    opts.TLSConfig,
+			DialTimeout:  opts.DialTimeout,
+			ReadTimeout:  opts.ReadTimeout,
+			WriteTimeout: opts.WriteTimeout,
+			PoolSize:     opts.PoolSize,
+			MaxRetries:   -1,
+
+			ContextTimeoutEnabled: true,
 		})
 	} else {
 		s.rdb = redis.NewClient(opts)
@@ -160,6 +180,25 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := s.subs.start(ctx); err != nil {
 		_ = s.rdb.Close()
 		return nil, err
+	}
+	// A previous process with this node id may have left connections: this
+	// one has none yet, so end them all.
+	since, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		s.subs.close()
+		_ = s.rdb.Close()
+		return nil, fmt.Errorf("redisstore: %w", err)
+	}
+	replies, err := s.evalShards(ctx, s.sc.reconcile, func(sh int) []any {
+		return []any{prefix(sh), s.cfg.Node, s.ttlMS(), s.graceMS(), since.UnixMilli()}
+	})
+	if err != nil {
+		s.subs.close()
+		_ = s.rdb.Close()
+		return nil, fmt.Errorf("redisstore: reconcile at start: %w", err)
+	}
+	for _, v := range replies {
+		_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
 	}
 	s.beat(ctx, false)
 	s.wg.Add(3)
@@ -244,9 +283,29 @@ func (s *Store) connect(ctx context.Context, c presence.Conn, active, assert boo
 		return s.failed(store.OpConnect, fmt.Errorf("redisstore: connect: %w", scriptErr(err)))
 	}
 	s.mu.Lock()
-	s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, active: active}
+	_, live := s.conns[c.ID]
+	if !assert || live {
+		s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, active: active}
+	}
 	s.mu.Unlock()
-	return s.apply(ctx, store.OpConnect, v, start)
+	if err := s.apply(ctx, store.OpConnect, v, start); err != nil {
+		return err
+	}
+	if assert && !live {
+		// Closed while being re-asserted: end it in Redis too.
+		s.endInRedis(ctx, c.ID, c.UserID)
+	}
+	return nil
+}
+
+// endInRedis ends a connection this node no longer has.
+func (s *Store) endInRedis(ctx context.Context, id, user string) {
+	sh := shardOf(user)
+	v, err := run(ctx, s.rdb, s.sc.disconnect, []string{dlKey(sh)},
+		prefix(sh), id, int(presence.Closed), s.ttlMS(), s.graceMS(), user)
+	if err == nil {
+		_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
+	}
 }
 
 // Heartbeat implements store.Tracker: it only queues the id; a batch per
@@ -302,7 +361,7 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 	}
 	sh := shardOf(lc.user)
 	v, err := run(ctx, s.rdb, s.sc.disconnect, []string{dlKey(sh)},
-		prefix(sh), connID, int(cause), s.ttlMS(), s.graceMS())
+		prefix(sh), connID, int(cause), s.ttlMS(), s.graceMS(), lc.user)
 	if err != nil {
 		err = scriptErr(err)
 		if errors.Is(err, ErrUnknownConn) {
@@ -318,20 +377,20 @@ func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
 	args := func(sh int) []any {
 		return []any{prefix(sh), s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
-			s.cfg.HoldOff.Milliseconds(), 500}
+			s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds()}
 	}
+	// What the healthy shards claimed is published even when others fail.
 	replies, err := s.evalShards(ctx, s.sc.sweep, args)
+	s.m.sweeps.Inc()
+	for _, v := range replies {
+		if aerr := s.apply(ctx, store.OpSweep, v, start); aerr != nil && err == nil {
+			err = aerr
+		}
+	}
 	if err != nil {
 		return s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep: %w", err))
 	}
-	s.m.sweeps.Inc()
-	var firstErr error
-	for _, v := range replies {
-		if err := s.apply(ctx, store.OpSweep, v, start); err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	return firstErr
+	return nil
 }
 
 // evalShards runs script once per shard in one pipeline.
@@ -366,29 +425,34 @@ type call struct {
 func (s *Store) evalMany(ctx context.Context, script *redis.Script, calls []call) ([]any, []error) {
 	replies := make([]any, len(calls))
 	errs := make([]error, len(calls))
-	for attempt := 0; attempt < 2; attempt++ {
+	todo := make([]int, len(calls)) // indexes still to run
+	for i := range todo {
+		todo[i] = i
+	}
+	for attempt := 0; attempt < 2 && len(todo) > 0; attempt++ {
 		pipe := s.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(calls))
-		for i, c := range calls {
-			cmds[i] = script.EvalSha(ctx, pipe, []string{c.key}, c.args...)
+		cmds := make([]*redis.Cmd, len(todo))
+		for j, i := range todo {
+			cmds[j] = script.EvalSha(ctx, pipe, []string{calls[i].key}, calls[i].args...)
 		}
 		_, _ = pipe.Exec(ctx)
-		noScript := false
-		for i, c := range cmds {
-			replies[i], errs[i] = c.Result()
+		var again []int
+		for j, i := range todo {
+			replies[i], errs[i] = cmds[j].Result()
 			if errs[i] != nil && redis.HasErrorPrefix(errs[i], "NOSCRIPT") {
-				noScript = true
+				again = append(again, i) // a node lost its script cache: nothing ran
 			}
 		}
-		if !noScript || attempt == 1 {
+		if len(again) == 0 || attempt == 1 {
 			break
 		}
 		if err := s.loadScript(ctx, script); err != nil {
-			for i := range errs {
+			for _, i := range again {
 				errs[i] = err
 			}
 			break
 		}
+		todo = again
 	}
 	return replies, errs
 }
@@ -433,8 +497,14 @@ func (s *Store) apply(ctx context.Context, op string, v any, start time.Time) er
 	return nil
 }
 
+// failed counts a failed operation. A failure that is not a script's own
+// answer may have left Redis and this node disagreeing (the script may or
+// may not have run): the health check then re-asserts and reconciles.
 func (s *Store) failed(op string, err error) error {
 	s.m.errors.WithLabelValues(op).Inc()
+	if !isRedisReply(err) {
+		s.healthy.Store(false)
+	}
 	return err
 }
 

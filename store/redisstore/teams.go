@@ -2,14 +2,15 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
@@ -73,14 +74,17 @@ func userTeamsKey(user string) string { return prefix(shardOf(user)) + "ut:" + u
 // AddMember implements store.Teams. The user's team set is written first,
 // so a change published meanwhile already names the team.
 func (s *Store) AddMember(ctx context.Context, team, user string) error {
+	// Published when either write changed something, so a retry after a
+	// half-done attempt still tells the viewers.
 	added, err := s.rdb.SAdd(ctx, userTeamsKey(user), team).Result()
+	var added2 int64
 	if err == nil {
-		err = s.rdb.SAdd(ctx, teamKey(team), user).Err()
+		added2, err = s.rdb.SAdd(ctx, teamKey(team), user).Result()
 	}
 	if err != nil {
 		return s.failed(store.OpMembership, fmt.Errorf("redisstore: add member: %w", errors.Join(ErrUnavailable, err)))
 	}
-	if added == 0 {
+	if added == 0 && added2 == 0 {
 		return nil
 	}
 	return s.publishMembership(ctx, team, user, true)
@@ -89,13 +93,14 @@ func (s *Store) AddMember(ctx context.Context, team, user string) error {
 // RemoveMember implements store.Teams.
 func (s *Store) RemoveMember(ctx context.Context, team, user string) error {
 	removed, err := s.rdb.SRem(ctx, userTeamsKey(user), team).Result()
+	var removed2 int64
 	if err == nil {
-		err = s.rdb.SRem(ctx, teamKey(team), user).Err()
+		removed2, err = s.rdb.SRem(ctx, teamKey(team), user).Result()
 	}
 	if err != nil {
 		return s.failed(store.OpMembership, fmt.Errorf("redisstore: remove member: %w", errors.Join(ErrUnavailable, err)))
 	}
-	if removed == 0 {
+	if removed == 0 && removed2 == 0 {
 		return nil
 	}
 	return s.publishMembership(ctx, team, user, false)
@@ -167,27 +172,68 @@ type changeMsg struct {
 	Teams   []string `json:"teams"`
 }
 
+// pubMsg is one message for one channel.
+type pubMsg struct {
+	channel string
+	payload []byte
+}
+
+// maxUnpublished bounds the retry queue; past it the oldest are dropped
+// (their viewers are resynced when Redis is healthy again).
+const maxUnpublished = 100000
+
 // publishChanges sends each change on the channel of each of its teams.
+// The transition is already committed in Redis: a publish that fails is
+// queued and retried, so the change is late rather than lost.
 func (s *Store) publishChanges(ctx context.Context, out outcome) {
-	pipe := s.rdb.Pipeline()
-	n := 0
+	var msgs []pubMsg
 	for i, c := range out.Changes {
 		teams := out.teams[i]
 		sort.Strings(teams)
 		b, _ := json.Marshal(changeMsg{User: c.UserID, State: int(c.State), Version: c.Version,
 			At: c.At.UnixMilli(), Teams: teams})
 		for _, t := range teams {
-			pipe.SPublish(ctx, teamChannel(t), b)
-			n++
+			msgs = append(msgs, pubMsg{teamChannel(t), b})
 		}
 	}
-	if n == 0 {
+	s.publish(ctx, msgs)
+}
+
+func (s *Store) publish(ctx context.Context, msgs []pubMsg) {
+	if len(msgs) == 0 {
 		return
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		// The transition stands in Redis; viewers resync when it returns.
-		s.m.errors.WithLabelValues("publish").Inc()
-		s.log.Warn("publish changes", "err", err)
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.IntCmd, len(msgs))
+	for i, m := range msgs {
+		cmds[i] = pipe.SPublish(ctx, m.channel, m.payload)
 	}
-	s.m.published.Add(float64(n))
+	_, _ = pipe.Exec(ctx)
+	var failed []pubMsg
+	for i, c := range cmds {
+		if c.Err() != nil {
+			failed = append(failed, msgs[i])
+		}
+	}
+	s.m.published.Add(float64(len(msgs) - len(failed)))
+	if len(failed) == 0 {
+		return
+	}
+	s.m.errors.WithLabelValues("publish").Add(float64(len(failed)))
+	s.pubMu.Lock()
+	s.unpublished = append(s.unpublished, failed...)
+	if over := len(s.unpublished) - maxUnpublished; over > 0 {
+		s.unpublished = s.unpublished[over:]
+		s.healthy.Store(false) // too much lost: resync viewers on recovery
+	}
+	s.pubMu.Unlock()
+}
+
+// retryPublish sends the queued messages again.
+func (s *Store) retryPublish(ctx context.Context) {
+	s.pubMu.Lock()
+	msgs := s.unpublished
+	s.unpublished = nil
+	s.pubMu.Unlock()
+	s.publish(ctx, msgs)
 }

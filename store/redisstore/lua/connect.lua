@@ -11,11 +11,12 @@ redis.call('HSET', P .. 'uc:' .. user, id, device .. '\n' .. node .. '\n' .. act
 redis.call('ZADD', DL, NOW_MS + ttl, id)
 redis.call('SADD', P .. 'nc:' .. node, id)
 local u = P .. 'u:' .. user
-local lost = assert and redis.call('EXISTS', u) == 0
 if redis.call('HEXISTS', u, 'grace') == 1 then
   redis.call('HDEL', u, 'grace')
   redis.call('ZREM', P .. 'grace', user)
   out.gc = 1
 end
-publish_if_changed(user, out, lost)
+-- A user Redis lost is published again (online, with a new version):
+-- viewers who hold that state already see no change.
+publish_if_changed(user, out)
 return reply(out)

@@ -29,16 +29,16 @@ end
 -- Publishes the derived state if it differs from the published one. Versions
 -- are the larger of the last one plus one and Redis's clock in microseconds,
 -- so they keep increasing even after Redis loses its data.
--- silent: record the state without publishing it (re-asserting into a Redis
--- that lost the user: viewers still hold what was published before).
-local function publish_if_changed(user, out, silent)
+local function publish_if_changed(user, out)
   local u = P .. 'u:' .. user
   if redis.call('HEXISTS', u, 'grace') == 1 then return end
   local s = derive(user)
-  if s == num(redis.call('HGET', u, 's')) then return end
+  local cur = num(redis.call('HGET', u, 's'))
+  if s == cur then return end
+  -- The shard's count of users not offline, for greendot_users_online.
+  if cur == 0 then redis.call('INCR', P .. 'present') elseif s == 0 then redis.call('DECR', P .. 'present') end
   local v = math.max(num(redis.call('HGET', u, 'v')) + 1, NOW_US)
   redis.call('HSET', u, 's', s, 'v', fmt(v))
-  if silent then return end
   local teams = redis.call('SMEMBERS', P .. 'ut:' .. user)
   table.insert(out.changes, {user, s, fmt(v), NOW_MS, teams})
 end

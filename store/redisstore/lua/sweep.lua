@@ -1,14 +1,15 @@
--- ARGV: prefix, ttl ms, grace ms, node ttl ms, hold-off ms, batch limit.
+-- ARGV: prefix, ttl ms, grace ms, node ttl ms, hold-off ms, batch limit,
+-- gap ms (a pause in sweeping longer than this starts a hold-off).
 -- One shard's sweep, atomic: whatever it claims, no other node can.
 local ttl, grace, nodettl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local holdoff, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
+local holdoff, limit, gap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local out = new_out()
--- Nobody swept for over a second: Redis was away, restarted or emptied, or
--- every node was. Hold off, so live nodes beat and re-assert before anything
+-- Nobody swept for a while: Redis was away, restarted or emptied, or every
+-- node was. Hold off, so live nodes beat and re-assert before anything
 -- of theirs may be taken for dead.
 local last = num(redis.call('GET', P .. 'ls'))
 redis.call('SET', P .. 'ls', NOW_MS)
-if NOW_MS - last > 1000 then
+if NOW_MS - last > gap then
   redis.call('SET', P .. 'ho', NOW_MS + holdoff)
   return reply(out)
 end
@@ -22,7 +23,10 @@ for i = 1, #dead, 2 do
   for _, id in ipairs(ids) do
     if remove(id, 2, ttl, grace, out) then
       table.insert(out.expired, id)
-      table.insert(out.lags, NOW_MS - (beat + nodettl))
+      -- A node that left (beat 0) is released at once: no lag to report.
+      local lag = 0
+      if beat > 0 then lag = NOW_MS - (beat + nodettl) end
+      table.insert(out.lags, math.max(0, lag))
     end
   end
   if redis.call('SCARD', P .. 'nc:' .. node) == 0 then

@@ -1,0 +1,453 @@
+package redisstore
+
+// Faults a shared store must survive, each against real redis-server
+// processes: data loss, stalls, failed writes, lost script caches, races
+// between re-assertion and closes, a node restarted under the same id.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+	"github.com/greendot/greendot/store/redisstore/redistest"
+)
+
+type rec struct {
+	mu  sync.Mutex
+	ch  []presence.Change
+	lag []time.Duration
+	mem []string
+}
+
+func (r *rec) OnPresence(ev store.PresenceEvent) {
+	if ev.Via != "" && (len(ev.Teams) == 0 || ev.Via != ev.Teams[0]) {
+		return
+	}
+	r.mu.Lock()
+	r.ch = append(r.ch, ev.Change)
+	r.mu.Unlock()
+}
+func (r *rec) OnMembership(ev store.MembershipEvent) {
+	r.mu.Lock()
+	r.mem = append(r.mem, fmt.Sprintf("%s %s %v", ev.Team, ev.UserID, ev.Joined))
+	r.mu.Unlock()
+}
+func (r *rec) ObserveOutcome(_ string, out presence.Outcome, _ time.Duration) {
+	r.mu.Lock()
+	r.lag = append(r.lag, out.ExpiryLag...)
+	r.mu.Unlock()
+}
+func (r *rec) hist() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, c := range r.ch {
+		out = append(out, fmt.Sprintf("%s=%s", c.UserID, c.State))
+	}
+	return out
+}
+
+func logger() *slog.Logger {
+	if os.Getenv("REVIEW_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func mk(t *testing.T, url, node string, ttl, grace time.Duration) (*Store, *rec) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := New(ctx, Config{URL: url, Node: node, TTL: ttl, Grace: grace,
+		NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond,
+		Logger: logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rec{}
+	s.Subscribe(r)
+	s.SetObserver(r)
+	if err := s.Watch(ctx, []string{"t"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s, r
+}
+
+// kill9 stops a store like kill -9 would: no leaving beat, no flush.
+func kill9(s *Store) {
+	s.closed.Store(true)
+	close(s.stop)
+	s.wg.Wait()
+	s.subs.close()
+	_ = s.rdb.Close()
+}
+
+func sweepFor(t *testing.T, s *Store, d time.Duration) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		_ = s.Sweep(context.Background())
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitHist(t *testing.T, r *rec, d time.Duration, s *Store, want string) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		if strings.Join(r.hist(), " ") == want {
+			return
+		}
+		if s != nil {
+			_ = s.Sweep(context.Background())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("history %v, want %q", r.hist(), want)
+}
+
+func TestFaults(t *testing.T) {
+	ctx := context.Background()
+	const ttl, grace = 2 * time.Second, 300 * time.Millisecond
+
+	// After FLUSHALL, a connection that closes before its next heartbeat is
+	// unknown to Redis: no grace, no offline, ever. Viewers keep "online".
+	t.Run("FlushAllThenCloseNeverOffline", func(t *testing.T) {
+		r := redistest.Start(t)
+		s, h := mk(t, r.URL(), "a", ttl, grace)
+		must(t, s.AddMember(ctx, "t", "bob"))
+		must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+		waitHist(t, h, 2*time.Second, s, "bob=online")
+		if _, err := r.Do("FLUSHALL"); err != nil {
+			t.Fatal(err)
+		}
+		must(t, s.AddMember(ctx, "t", "bob")) // membership back (AOF in production)
+		err := s.Disconnect(ctx, "c1", presence.Closed)
+		t.Logf("disconnect after FLUSHALL: %v", err)
+		sweepFor(t, s, 2*time.Second)
+		if got := strings.Join(h.hist(), " "); got != "bob=online bob=offline" {
+			t.Fatalf("GHOST: viewers got %q and nothing more; bob left at the FLUSHALL", got)
+		}
+	})
+
+	// Docs: after a FLUSHALL each node writes its live connections back within
+	// one heartbeat batch (500 ms). Only connections that heartbeat are.
+	t.Run("FlushAllIdleConnNotReasserted", func(t *testing.T) {
+		r := redistest.Start(t)
+		s, _ := mk(t, r.URL(), "a", 25*time.Second, grace)
+		must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+		if _, err := r.Do("FLUSHALL"); err != nil {
+			t.Fatal(err)
+		}
+		sweepFor(t, s, 2*time.Second) // 4 heartbeat batches, readyz stays 200
+		ps, _ := s.Presence(ctx, []string{"bob"})
+		if err := s.Ping(ctx); err == nil && ps[0].State != presence.Online {
+			t.Fatalf("2s after FLUSHALL, node ready, bob (live, idle client) = %+v", ps[0])
+		}
+	})
+
+	// A user in grace when Redis loses its data never gets an offline.
+
+	// kill -9 of node b and a restart with the same --node-id (the docs ask
+	// for a stable one): b's old connections are never released as a dead
+	// node's, only by the 2×ttl safety net.
+	t.Run("SameNodeIDRestartKeepsGhost", func(t *testing.T) {
+		r := redistest.Start(t)
+		a, h := mk(t, r.URL(), "a", ttl, grace)
+		b1, _ := mk(t, r.URL(), "b", ttl, grace)
+		must(t, a.AddMember(ctx, "t", "bob"))
+		must(t, b1.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+		waitHist(t, h, 2*time.Second, a, "bob=online")
+		kill9(b1)
+		killed := time.Now()
+		mk(t, r.URL(), "b", ttl, grace) // restarted at once, same id
+		// Dead-node path would take NodeTTL (600ms) + grace (300ms).
+		end := time.Now().Add(3 * ttl)
+		for time.Now().Before(end) {
+			_ = a.Sweep(ctx)
+			if strings.Join(h.hist(), " ") == "bob=online bob=offline" {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		took := time.Since(killed)
+		if took > 2*time.Second {
+			t.Fatalf("bob offline only after %v (hist %v); want ~NodeTTL+grace = 0.9s", took.Round(100*time.Millisecond), h.hist())
+		}
+	})
+
+	// A node that left (Close: leaving beat, score 0) with connections still
+	// held: the survivor reports an expiry lag of ~56 years.
+	t.Run("LeavingNodeLag", func(t *testing.T) {
+		r := redistest.Start(t)
+		a, h := mk(t, r.URL(), "a", ttl, grace)
+		b, _ := mk(t, r.URL(), "b", ttl, grace)
+		must(t, b.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+		_ = b.Close()
+		sweepFor(t, a, time.Second)
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, l := range h.lag {
+			if l > time.Hour {
+				t.Fatalf("offline-detection lag observed: %v", l)
+			}
+		}
+	})
+
+	// The change is computed and stored by the script, but published later
+	// by Go: a lost reply (timeout, reset, kill -9 between the two) loses the
+	// change for good. Here the reply of the sweep that ends bob's grace is
+	// lost to a timeout while Redis is busy.
+	t.Run("LostReplyLosesOffline", func(t *testing.T) {
+		r := redistest.Start(t, "--enable-debug-command", "yes")
+		const g = time.Second
+		s, h := mk(t, r.URL(), "a", ttl, g)
+		must(t, s.AddMember(ctx, "t", "bob"))
+		must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+		sweepFor(t, s, 500*time.Millisecond) // past the first hold-off
+		must(t, s.Disconnect(ctx, "c1", presence.Closed))
+		sweepFor(t, s, g-200*time.Millisecond)
+		go func() { _, _ = r.Do("DEBUG", "SLEEP", "0.6") }()
+		time.Sleep(50 * time.Millisecond)
+		tctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		err := s.Sweep(tctx)
+		cancel()
+		t.Logf("sweep during the stall: %v (at %v)", err, time.Now().Format("15:04:05.000"))
+		sweepFor(t, s, 2*time.Second)
+		ps, _ := s.Presence(ctx, []string{"bob"})
+		if got := strings.Join(h.hist(), " "); got != "bob=online bob=offline" {
+			t.Fatalf("GHOST: viewers got %q while Redis says %v v%d", got, ps[0].State, ps[0].Version)
+		}
+	})
+
+	// A Disconnect that fails on a short blip (here: its context) leaves the
+	// connection in Redis; nothing retries or reconciles it while the node
+	// stays healthy: online until the 2×ttl safety net.
+	t.Run("FailedDisconnectGhost", func(t *testing.T) {
+		r := redistest.Start(t)
+		s, h := mk(t, r.URL(), "a", ttl, grace)
+		must(t, s.AddMember(ctx, "t", "bob"))
+		must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+		waitHist(t, h, 2*time.Second, s, "bob=online")
+		dctx, cancel := context.WithCancel(ctx)
+		cancel()
+		t.Logf("disconnect: %v", s.Disconnect(dctx, "c1", presence.Closed))
+		closed := time.Now()
+		end := time.Now().Add(3 * ttl)
+		for time.Now().Before(end) && len(h.hist()) < 2 {
+			_ = s.Sweep(ctx)
+			time.Sleep(50 * time.Millisecond)
+		}
+		if took := time.Since(closed); took > time.Second {
+			t.Fatalf("offline %v after the close (hist %v, ping %v); want ~grace", took.Round(100*time.Millisecond), h.hist(), s.Ping(ctx))
+		}
+	})
+
+	// AddMember after a partial failure (user set written, team set not) is
+	// a silent no-op: the two sets stay inconsistent and no event is sent.
+	t.Run("AddMemberPartialFailure", func(t *testing.T) {
+		r := redistest.Start(t)
+		if _, err := r.Do("ACL", "SETUSER", "partial", "on", ">pw", "~gd:{gd*", "&*", "+@all"); err != nil {
+			t.Fatal(err)
+		}
+		url := "redis://partial:pw@" + r.Addr()
+		s, h := mk(t, url, "a", ttl, grace)
+		err := s.AddMember(ctx, "t1", "bob")
+		t.Logf("first AddMember (second write refused): %v", err)
+		if _, err := r.Do("ACL", "SETUSER", "partial", "allkeys"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("retry AddMember: %v", s.AddMember(ctx, "t1", "bob"))
+		teams, _ := s.TeamsOf(ctx, "bob")
+		members, _ := s.Members(ctx, "t1")
+		time.Sleep(300 * time.Millisecond)
+		h.mu.Lock()
+		mem := h.mem
+		h.mu.Unlock()
+		if len(members) != 1 || len(mem) != 1 {
+			t.Fatalf("after a successful retry: TeamsOf(bob)=%v Members(t1)=%v membership events %q", teams, members, mem)
+		}
+	})
+
+	// flushHeartbeats re-asserts ids missing in Redis one by one; a
+	// connection that closes meanwhile is written back into Redis AND into
+	// s.conns: a ghost and a leak.
+	t.Run("ReassertDisconnectRace", func(t *testing.T) {
+		r := redistest.Start(t)
+		s, _ := mk(t, r.URL(), "a", 10*time.Second, grace)
+		const n = 300
+		for round := 0; round < 3; round++ {
+			for i := 0; i < n; i++ {
+				must(t, s.Connect(ctx, presence.Conn{ID: fmt.Sprint("r", round, "-", i), UserID: fmt.Sprint("u", i), Device: "web"}))
+			}
+			if _, err := r.Do("FLUSHALL"); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < n; i++ {
+				must(t, s.Heartbeat(ctx, fmt.Sprint("r", round, "-", i)))
+			}
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() { defer wg.Done(); s.flushHeartbeats(ctx) }()
+			time.Sleep(2 * time.Millisecond)
+			for w := 0; w < 4; w++ {
+				wg.Add(1)
+				go func(w int) {
+					defer wg.Done()
+					for i := n - 1 - w; i >= 0; i -= 4 {
+						err := s.Disconnect(ctx, fmt.Sprint("r", round, "-", i), presence.Closed)
+						if err != nil && !errors.Is(err, ErrUnknownConn) {
+							t.Error(err)
+						}
+					}
+				}(w)
+			}
+			wg.Wait()
+		}
+		time.Sleep(600 * time.Millisecond) // let flushLoop finish
+		s.mu.Lock()
+		leaked := len(s.conns)
+		s.mu.Unlock()
+		inRedis := 0
+		for sh := 0; sh < numShards; sh++ {
+			v, _ := r.Do("HLEN", prefix(sh)+"c")
+			var k int
+			fmt.Sscan(v, &k)
+			inRedis += k
+		}
+		if leaked > 0 || inRedis > 0 {
+			t.Fatalf("every connection was closed, yet s.conns holds %d and Redis holds %d", leaked, inRedis)
+		}
+	})
+}
+
+// evalMany re-runs EVERY call when any of them got NOSCRIPT (one cluster
+// master restarted, failed over or had SCRIPT FLUSH), and keeps only the
+// second replies: what the first run of the other shards claimed (ended
+// graces, expiries) is never published.
+func TestPartialNoScriptDropsSweep(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.StartCluster(t, 3)
+	const grace = 300 * time.Millisecond
+	s, h := mk(t, c.URL(), "a", 2*time.Second, grace)
+	must(t, s.AddMember(ctx, "t", "bob"))
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	sweepFor(t, s, 600*time.Millisecond)
+	waitHist(t, h, time.Second, s, "bob=online")
+	must(t, s.Disconnect(ctx, "c1", presence.Closed))
+	time.Sleep(grace + 100*time.Millisecond)
+	key := dlKey(shardOf("bob"))
+	flushed := 0
+	for _, n := range c.Nodes {
+		if _, err := n.Do("EXISTS", key); err != nil && strings.Contains(err.Error(), "MOVED") {
+			if _, err := n.Do("SCRIPT", "FLUSH"); err != nil {
+				t.Fatal(err)
+			}
+			flushed++
+		}
+	}
+	t.Logf("flushed the script cache of %d masters that do not hold bob's shard", flushed)
+	t.Logf("sweep: %v", s.Sweep(ctx))
+	sweepFor(t, s, time.Second)
+	ps, _ := s.Presence(ctx, []string{"bob"})
+	if got := strings.Join(h.hist(), " "); got != "bob=online bob=offline" {
+		t.Fatalf("GHOST: viewers got %q while Redis says %v", got, ps[0].State)
+	}
+}
+
+// After a FLUSHALL, a viewer that connects before bob's next heartbeat gets a
+// snapshot without bob (offline, v0). Bob's re-assertion is silent, so that
+// viewer never hears bob is online.
+func TestSilentReassertHidesFromNewViewers(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, h := mk(t, r.URL(), "a", 25*time.Second, 300*time.Millisecond)
+	must(t, s.AddMember(ctx, "t", "bob"))
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	waitHist(t, h, 2*time.Second, s, "bob=online")
+	if _, err := r.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	must(t, s.AddMember(ctx, "t", "bob"))
+	time.Sleep(time.Second)
+	snap, _ := s.Presence(ctx, []string{"bob"}) // a new viewer's snapshot
+	h.mu.Lock()
+	seenBefore := len(h.ch)
+	h.mu.Unlock()
+	t.Logf("snapshot of a viewer connecting now: %v v%d", snap[0].State, snap[0].Version)
+	must(t, s.Heartbeat(ctx, "c1")) // bob's next heartbeat: re-asserted
+	time.Sleep(time.Second)
+	now, _ := s.Presence(ctx, []string{"bob"})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var after []presence.Change
+	after = append(after, h.ch[seenBefore:]...)
+	t.Logf("now %v v%d; events after the snapshot: %+v", now[0].State, now[0].Version, after)
+	if now[0].State != snap[0].State && len(after) == 0 {
+		t.Fatalf("bob went %v -> %v (v%d) with no event newer than the snapshot: the new viewer shows bob offline",
+			snap[0].State, now[0].State, now[0].Version)
+	}
+}
+
+// recover() snapshots s.conns, re-asserts them, then reconciles each shard
+// against that snapshot: a connection made in between (clients retrying
+// right as Redis returns) is ended in Redis as "lost" although it is live.
+func TestRecoverEndsNewConnections(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", 25*time.Second, 300*time.Millisecond)
+	for i := 0; i < 3000; i++ {
+		must(t, s.Connect(ctx, presence.Conn{ID: fmt.Sprint("old", i), UserID: fmt.Sprint("o", i), Device: "web"}))
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.recover(ctx) }()
+	var fresh []string
+loop:
+	for i := 0; ; i++ {
+		select {
+		case err := <-done:
+			must(t, err)
+			break loop
+		default:
+		}
+		id := fmt.Sprint("new", i)
+		must(t, s.Connect(ctx, presence.Conn{ID: id, UserID: fmt.Sprint("n", i), Device: "web"}))
+		fresh = append(fresh, id)
+	}
+	var ended []string
+	for i, id := range fresh {
+		sh := shardOf(fmt.Sprint("n", i))
+		if v, _ := r.Do("HEXISTS", prefix(sh)+"c", id); v == "0" {
+			ended = append(ended, id)
+		}
+	}
+	if len(ended) > 0 {
+		ps, _ := s.Presence(ctx, []string{"n0"})
+		t.Fatalf("%d of %d live connections made during recover were ended in Redis (e.g. %s; n0 = %v, %d conns)",
+			len(ended), len(fresh), ended[0], ps[0].State, ps[0].ConnectionCount)
+	}
+}
+
+func crcShard(team string) int {
+	var ch = teamChannel(team)
+	var n int
+	fmt.Sscanf(ch[strings.Index(ch, "{ev")+3:], "%d", &n)
+	return n
+}
