@@ -198,54 +198,93 @@ func badRequest(format string, args ...any) *DecodeError {
 // DecodeClientFrame parses one client text frame. It never panics; every
 // refusal is a *DecodeError with a message safe to send back to the client.
 func DecodeClientFrame(data []byte) (ClientFrame, error) {
-	var head struct {
-		Type *string `json:"type"`
+	// The frame nearly every client sends every few seconds: no parsing.
+	if bytes.Equal(data, plainHeartbeat) {
+		return ClientFrame{Heartbeat: &Heartbeat{Type: TypeHeartbeat}}, nil
 	}
-	if err := json.Unmarshal(data, &head); err != nil {
+	if id, ok := heartbeatWithSimpleID(data); ok {
+		return ClientFrame{Heartbeat: &Heartbeat{Type: TypeHeartbeat, ID: id}}, nil
+	}
+	// One pass decodes the fields of every frame type.
+	var raw struct {
+		Type    *string         `json:"type"`
+		ID      json.RawMessage `json:"id"`
+		State   *string         `json:"state"`
+		UserIDs []string        `json:"user_ids"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			return ClientFrame{}, badRequest("%s", jsonProblem(err))
+		}
 		return ClientFrame{}, badRequest("frame is not a JSON object: %s", jsonProblem(err))
 	}
-	if head.Type == nil {
+	if raw.Type == nil {
 		return ClientFrame{}, badRequest(`frame has no "type"`)
 	}
 	var f ClientFrame
-	var target any
-	switch *head.Type {
+	switch *raw.Type {
 	case TypeHeartbeat:
-		f.Heartbeat = &Heartbeat{}
-		target = f.Heartbeat
-	case TypeStatus:
-		f.Status = &Status{}
-		target = f.Status
-	case TypeQuery:
-		f.Query = &Query{}
-		target = f.Query
-	default:
-		return ClientFrame{}, &DecodeError{Code: CodeUnknownType, Message: fmt.Sprintf("unknown frame type %q", truncate(*head.Type, 64))}
-	}
-	if err := json.Unmarshal(data, target); err != nil {
-		return ClientFrame{}, badRequest("%s frame: %s", *head.Type, jsonProblem(err))
-	}
-	switch {
-	case f.Heartbeat != nil:
-		if err := checkID(f.Heartbeat.ID); err != nil {
+		if err := checkID(raw.ID); err != nil {
 			return ClientFrame{}, err
 		}
-	case f.Status != nil:
-		if f.Status.State != StateOnline && f.Status.State != StateAway {
+		f.Heartbeat = &Heartbeat{Type: TypeHeartbeat, ID: raw.ID}
+	case TypeStatus:
+		if raw.State == nil || (*raw.State != StateOnline && *raw.State != StateAway) {
 			return ClientFrame{}, badRequest(`status "state" must be "online" or "away"`)
 		}
-	case f.Query != nil:
-		if err := checkID(f.Query.ID); err != nil {
+		f.Status = &Status{Type: TypeStatus, State: *raw.State}
+	case TypeQuery:
+		if err := checkID(raw.ID); err != nil {
 			return ClientFrame{}, err
 		}
-		if f.Query.UserIDs == nil {
+		if raw.UserIDs == nil {
 			return ClientFrame{}, badRequest(`query needs "user_ids", an array of strings`)
 		}
-		if len(f.Query.UserIDs) > MaxQueryIDs {
+		if len(raw.UserIDs) > MaxQueryIDs {
 			return ClientFrame{}, &DecodeError{Code: CodeTooManyIDs, Message: fmt.Sprintf("a query takes at most %d user ids", MaxQueryIDs)}
 		}
+		f.Query = &Query{Type: TypeQuery, ID: raw.ID, UserIDs: raw.UserIDs}
+	default:
+		return ClientFrame{}, &DecodeError{Code: CodeUnknownType, Message: fmt.Sprintf("unknown frame type %q", truncate(*raw.Type, 64))}
 	}
 	return f, nil
+}
+
+var (
+	plainHeartbeat  = []byte(`{"type":"heartbeat"}`)
+	heartbeatIDHead = []byte(`{"type":"heartbeat","id":`)
+)
+
+// heartbeatWithSimpleID recognises {"type":"heartbeat","id":ID} where ID is
+// a plain integer or a string of letters, digits, '-' and '_': what clients
+// send. Anything else takes the general path.
+func heartbeatWithSimpleID(data []byte) (json.RawMessage, bool) {
+	if !bytes.HasPrefix(data, heartbeatIDHead) || len(data) < len(heartbeatIDHead)+2 || data[len(data)-1] != '}' {
+		return nil, false
+	}
+	id := data[len(heartbeatIDHead) : len(data)-1]
+	if len(id) > 64 {
+		return nil, false
+	}
+	quoted := id[0] == '"'
+	body := id
+	if quoted {
+		if len(id) < 3 || id[len(id)-1] != '"' {
+			return nil, false
+		}
+		body = id[1 : len(id)-1]
+	}
+	for i, c := range body {
+		switch {
+		case c >= '0' && c <= '9':
+		case quoted && (c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-' || c == '_'):
+		case !quoted && c == '-' && i == 0 && len(body) > 1:
+		default:
+			return nil, false
+		}
+	}
+	return json.RawMessage(bytes.Clone(id)), true
 }
 
 // checkID accepts a missing id, a string or a number: anything else could be

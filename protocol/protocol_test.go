@@ -17,6 +17,11 @@ func TestDecodeClientFrame(t *testing.T) {
 		{`{"type":"heartbeat","id":"x"}`, ""},
 		{`{"type":"heartbeat","id":null}`, ""},
 		{`{"type":"heartbeat","id":{}}`, CodeBadRequest},
+		{`{"type":"heartbeat","id":"a-b_9"}`, ""},
+		{`{"type":"heartbeat","id":-12}`, ""},
+		{`{"type":"heartbeat","id":1-2}`, CodeBadRequest},
+		{`{"type":"heartbeat","id":""}`, ""},
+		{`{"type":"heartbeat","id":"a\"}`, CodeBadRequest},
 		{`{"type":"status","state":"away"}`, ""},
 		{`{"type":"status","state":"offline"}`, CodeBadRequest},
 		{`{"type":"query","id":"q","user_ids":[]}`, ""},
@@ -35,6 +40,17 @@ func TestDecodeClientFrame(t *testing.T) {
 			t.Errorf("%s: %v", tc.in, err)
 		case tc.code != "" && (!errors.As(err, &de) || de.Code != tc.code):
 			t.Errorf("%s: %v, want code %s", tc.in, err, tc.code)
+		}
+	}
+}
+
+// The fast path must agree with the general decoder on the id it returns.
+func TestHeartbeatFastPathAgrees(t *testing.T) {
+	for _, in := range []string{`{"type":"heartbeat","id":42}`, `{"type":"heartbeat","id":"ab-c"}`, `{"type":"heartbeat","id":-7}`} {
+		fast, ok := heartbeatWithSimpleID([]byte(in))
+		var slow Heartbeat
+		if err := json.Unmarshal([]byte(in), &slow); err != nil || !ok || string(fast) != string(slow.ID) {
+			t.Errorf("%s: fast %q (%v), slow %q (%v)", in, fast, ok, slow.ID, err)
 		}
 	}
 }

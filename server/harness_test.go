@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 
 // Short deadlines keep the end-to-end tests fast.
 const (
-	testTTL       = 1200 * time.Millisecond
+	testTTL       = 2 * time.Second // generous: CI runs packages side by side under -race
 	testHeartbeat = 300 * time.Millisecond
 	testGrace     = 400 * time.Millisecond
 )

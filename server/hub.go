@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -458,7 +459,8 @@ func (h *hub) markDirty(c *client) {
 }
 
 // flushLoop writes queued changes. Waiting FlushDelay after the first one
-// batches a burst into one frame per connection.
+// batches a burst into one frame per connection; a large round is split
+// over a few goroutines, since each write is a system call.
 func (h *hub) flushLoop() {
 	defer h.srv.wg.Done()
 	var batch []*client
@@ -472,11 +474,35 @@ func (h *hub) flushLoop() {
 		h.dirtyMu.Lock()
 		batch, h.dirty = h.dirty, batch[:0]
 		h.dirtyMu.Unlock()
-		for i, c := range batch {
-			c.flush()
-			batch[i] = nil
-		}
+		h.flushAll(batch)
+		clear(batch)
 	}
+}
+
+func (h *hub) flushAll(batch []*client) {
+	const perWorker = 256
+	workers := min(runtime.GOMAXPROCS(0), (len(batch)+perWorker-1)/perWorker)
+	if workers <= 1 {
+		var enc frameCache
+		for _, c := range batch {
+			c.flush(&enc)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	chunk := (len(batch) + workers - 1) / workers
+	for i := 0; i < len(batch); i += chunk {
+		part := batch[i:min(i+chunk, len(batch))]
+		wg.Add(1)
+		go func() { // waited for below: owned by this round
+			defer wg.Done()
+			var enc frameCache
+			for _, c := range part {
+				c.flush(&enc)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // enqueue runs job on the worker goroutine.

@@ -158,26 +158,58 @@ func (c *client) sendSnapshot(users []presence.Presence) {
 	}
 }
 
-// flush writes every pending change as one presence frame.
-func (c *client) flush() {
+// flush writes every pending change as one presence frame. enc caches the
+// encoding of single-change frames for one flush round: one change fanned
+// out to a thousand viewers is encoded once.
+func (c *client) flush(enc *frameCache) {
 	c.mu.Lock()
 	c.queued = false
 	if len(c.pending) == 0 || c.closed.Load() {
 		c.mu.Unlock()
 		return
 	}
-	frame := protocol.Presence{Type: protocol.TypePresence, Changes: make([]protocol.Change, 0, len(c.pending))}
-	for _, s := range c.order {
-		if ch, ok := c.pending[s]; ok {
-			frame.Changes = append(frame.Changes, ch)
+	var b []byte
+	n := len(c.pending)
+	if n == 1 {
+		for _, ch := range c.pending {
+			b = enc.single(ch)
 		}
+	} else {
+		frame := protocol.Presence{Type: protocol.TypePresence, Changes: make([]protocol.Change, 0, n)}
+		for _, s := range c.order {
+			if ch, ok := c.pending[s]; ok {
+				frame.Changes = append(frame.Changes, ch)
+			}
+		}
+		b, _ = json.Marshal(frame) // plain structs: cannot fail
 	}
 	c.pending = nil
-	c.order = c.order[:0]
+	if cap(c.order) > 64 {
+		c.order = nil // do not keep the largest batch's array for good
+	} else {
+		c.order = c.order[:0]
+	}
 	c.bulk = 0
-	c.writeJSONLocked(frame)
+	c.writeLocked(b)
 	c.mu.Unlock()
-	c.srv.metrics.deliveries.Add(float64(len(frame.Changes)))
+	c.srv.metrics.deliveries.Add(float64(n))
+}
+
+// frameCache holds the encoded single-change frames of one flush round.
+type frameCache struct {
+	m map[protocol.Change][]byte
+}
+
+func (f *frameCache) single(ch protocol.Change) []byte {
+	if b, ok := f.m[ch]; ok {
+		return b
+	}
+	b, _ := json.Marshal(protocol.Presence{Type: protocol.TypePresence, Changes: []protocol.Change{ch}})
+	if f.m == nil {
+		f.m = make(map[protocol.Change][]byte)
+	}
+	f.m[ch] = b
+	return b
 }
 
 func (c *client) writeJSON(v any) {
@@ -194,6 +226,14 @@ func (c *client) writeJSONLocked(v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		c.srv.log.Error("encode frame", "err", err)
+		return
+	}
+	c.writeLocked(b)
+}
+
+// writeLocked writes one encoded frame.
+func (c *client) writeLocked(b []byte) {
+	if c.closed.Load() {
 		return
 	}
 	if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {

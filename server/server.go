@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,6 +74,7 @@ type Server struct {
 
 	upgrader *websocket.Upgrader
 	engine   *nbhttp.Engine
+	pool     *workPool
 	ln       net.Listener
 	addr     string
 
@@ -169,8 +171,12 @@ func (s *Server) Start() error {
 		return fmt.Errorf("server: listen on %s: %w", s.cfg.Addr, err)
 	}
 	// No Addrs: the engine only polls; acceptLoop feeds it connections.
+	// Unqueued: a job runs on an idle worker or on a new goroutine, never
+	// behind a handler that waits on the store.
+	s.pool = newWorkPool(32*runtime.GOMAXPROCS(0), 0)
 	ncfg := nbhttp.Config{
 		Name:                    "greendot",
+		ServerExecutor:          s.pool.execute,
 		Network:                 "tcp",
 		Handler:                 s.routes(),
 		MaxLoad:                 1 << 20,
@@ -185,6 +191,7 @@ func (s *Server) Start() error {
 	raceVisibleData(s.engine)
 	if err := s.engine.Start(); err != nil {
 		_ = ln.Close()
+		s.pool.close()
 		return fmt.Errorf("server: start network engine: %w", err)
 	}
 	s.ln = ln
@@ -258,6 +265,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			err = s.engine.Shutdown(sctx)
 			cancel()
+			s.pool.close()
 		}
 		s.wg.Wait()
 	})

@@ -230,8 +230,6 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 		return
 	}
 	c.badStreak = 0
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	switch {
 	case f.Heartbeat != nil:
 		s.metrics.frames.WithLabelValues(protocol.TypeHeartbeat).Inc()
@@ -240,6 +238,8 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 			c.writeJSON(protocol.HeartbeatAck{Type: protocol.TypeHeartbeatAck, ID: f.Heartbeat.ID})
 		}
 	case f.Status != nil:
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		s.metrics.frames.WithLabelValues(protocol.TypeStatus).Inc()
 		active := f.Status.State == protocol.StateOnline
 		c.away.Store(!active)
@@ -253,6 +253,8 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 			s.log.Warn("set status", "err", err)
 		}
 	case f.Query != nil:
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		s.metrics.frames.WithLabelValues(protocol.TypeQuery).Inc()
 		s.answerQuery(ctx, c, f.Query)
 	}
@@ -266,12 +268,14 @@ func (s *Server) signOfLife(c *client) {
 	if !c.registered.Load() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	err := s.timed(store.OpHeartbeat, func() error { return s.store.Heartbeat(ctx, c.id) })
+	// Heartbeat only records or queues (the stores batch their writes), so
+	// it needs no deadline of its own; a timer per frame would cost more.
+	err := s.timed(store.OpHeartbeat, func() error { return s.store.Heartbeat(context.Background(), c.id) })
 	if errors.Is(err, store.ErrUnknownConn) {
 		// The store expired or lost it, yet the client is alive: assert it again.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err = s.reassert(ctx, c)
+		cancel()
 	}
 	if err != nil {
 		s.log.Warn("heartbeat", "err", err)
