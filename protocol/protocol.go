@@ -74,6 +74,7 @@ type Welcome struct {
 	UserID              string `json:"user_id"`
 	HeartbeatIntervalMS int64  `json:"heartbeat_interval_ms"`
 	TTLMS               int64  `json:"ttl_ms"`
+	OfflineGraceMS      int64  `json:"offline_grace_ms"` // added to v1: how long offline waits after the last connection
 }
 
 // UserState is one entry of a snapshot, or of a team's online list.

@@ -35,7 +35,8 @@ func TestWelcomeAndSnapshot(t *testing.T) {
 	alice := ts.dial(t, "alice")
 	w := alice.welcome
 	if w["user_id"] != "alice" || w["heartbeat_interval_ms"] != float64(testHeartbeat.Milliseconds()) ||
-		w["ttl_ms"] != float64(testTTL.Milliseconds()) || w["connection_id"] == "" {
+		w["ttl_ms"] != float64(testTTL.Milliseconds()) || w["offline_grace_ms"] != float64(testGrace.Milliseconds()) ||
+		w["connection_id"] == "" {
 		t.Fatalf("welcome = %v", w)
 	}
 	got := snapshotUsers(alice.snap)

@@ -131,6 +131,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		UserID:              c.user,
 		HeartbeatIntervalMS: s.cfg.HeartbeatInterval.Milliseconds(),
 		TTLMS:               s.cfg.TTL.Milliseconds(),
+		OfflineGraceMS:      s.cfg.Grace.Milliseconds(),
 	})
 	snap, err := s.snapshot(ctx, c.user, teams)
 	if err != nil {

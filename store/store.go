@@ -48,7 +48,8 @@ type Teams interface {
 	RemoveMember(ctx context.Context, team, user string) error
 	// TeamsOf lists the teams of user, sorted.
 	TeamsOf(ctx context.Context, user string) ([]string, error)
-	// Members lists the members of team, sorted.
+	// Members lists the members of team, sorted. Callers must not modify
+	// the slice (a store may hand out a cached one).
 	Members(ctx context.Context, team string) ([]string, error)
 }
 

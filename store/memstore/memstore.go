@@ -32,6 +32,7 @@ type Store struct {
 	tracker *presence.Tracker
 	teams   map[string]map[string]struct{} // team → members
 	userOf  map[string]map[string]struct{} // user → teams
+	sorted  map[string][]string            // team → members sorted, cached until the team changes
 
 	// emitMu orders events: it is taken before mu is released, so events
 	// reach the handler in the order their transitions happened, without
@@ -63,6 +64,7 @@ func New(cfg Config) (*Store, error) {
 		tracker: presence.NewTracker(presence.Config{TTL: cfg.TTL, Grace: cfg.Grace}),
 		teams:   make(map[string]map[string]struct{}),
 		userOf:  make(map[string]map[string]struct{}),
+		sorted:  make(map[string][]string),
 	}, nil
 }
 
@@ -151,10 +153,17 @@ func (s *Store) TeamsOf(_ context.Context, user string) ([]string, error) {
 }
 
 // Members implements store.Teams.
+// Every connect reads its teams' members for the snapshot: the sorted list
+// is kept until the team changes. Callers must not modify it.
 func (s *Store) Members(_ context.Context, team string) ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return sortedKeys(s.teams[team]), nil
+	if m, ok := s.sorted[team]; ok {
+		return m, nil
+	}
+	m := sortedKeys(s.teams[team])
+	s.sorted[team] = m
+	return m, nil
 }
 
 func (s *Store) membership(team, user string, join bool) error {
@@ -165,6 +174,7 @@ func (s *Store) membership(team, user string, join bool) error {
 		s.mu.Unlock()
 		return nil
 	}
+	delete(s.sorted, team)
 	if join {
 		if members == nil {
 			members = make(map[string]struct{})

@@ -1,0 +1,242 @@
+package redisstore
+
+// Benchmarks of the Redis store's scripts against a real redis-server of
+// their own (redistest): a connect and a disconnect, a heartbeat batch of
+// 100 and a sweep with nothing due. Besides the client's time per op, each
+// reports Redis's own CPU per op (used_cpu_sys + used_cpu_user from INFO cpu
+// over the run), the figure issue 4 sets a target for (≤ 3 µs of Redis CPU
+// per heartbeat).
+//
+//	go test -run XXX -bench . -benchtime 2s ./store/redisstore
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+	"github.com/greendot/greendot/store/redisstore/redistest"
+)
+
+type nopHandler struct{}
+
+func (nopHandler) OnPresence(store.PresenceEvent)     {}
+func (nopHandler) OnMembership(store.MembershipEvent) {}
+
+// benchStore starts a redis-server and a store on it. Batched heartbeats are
+// flushed only when the benchmark says so.
+func benchStore(b *testing.B, grace time.Duration) (*Store, *redistest.Server) {
+	b.Helper()
+	r := redistest.Start(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := New(ctx, Config{
+		URL: r.URL(), Node: "bench", TTL: 25 * time.Second, Grace: grace,
+		HoldOff: time.Millisecond, HeartbeatFlush: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.Subscribe(nopHandler{})
+	b.Cleanup(func() { _ = s.Close() })
+	return s, r
+}
+
+// redisCPU is Redis's CPU time so far, in seconds.
+func redisCPU(b *testing.B, r *redistest.Server) float64 {
+	b.Helper()
+	info, err := r.Do("INFO", "cpu")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sum += f
+		}
+	}
+	return sum
+}
+
+// measure runs the timed loop and reports Redis's CPU per unit (op, or
+// heartbeat when perOp > 1).
+func measure(b *testing.B, r *redistest.Server, perOp int, unit string, loop func()) {
+	b.Helper()
+	b.ReportAllocs()
+	cpu0 := redisCPU(b, r)
+	b.ResetTimer()
+	loop()
+	b.StopTimer()
+	cpu1 := redisCPU(b, r)
+	n := float64(b.N * perOp)
+	b.ReportMetric((cpu1-cpu0)*1e6/n, "redis-µs/"+unit)
+	if perOp > 1 {
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/"+unit)
+	}
+}
+
+// addUsers puts n users in teams of 100, so every change names a team.
+func addUsers(b *testing.B, s *Store, n int) []string {
+	b.Helper()
+	ctx := context.Background()
+	users := make([]string, n)
+	for i := range users {
+		users[i] = fmt.Sprintf("u%d", i)
+		if err := s.AddMember(ctx, fmt.Sprintf("t%d", i/100), users[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return users
+}
+
+// BenchmarkConnectDisconnect: one op is a connect and a disconnect of a
+// user's only device. Without a grace both publish a change (online, then
+// offline); with one the user stays online and only the first connect
+// changes anything, so the op is the reconnect-within-grace path.
+func BenchmarkConnectDisconnect(b *testing.B) {
+	for _, grace := range []time.Duration{0, time.Hour} {
+		name := "grace=0"
+		if grace > 0 {
+			name = "within_grace"
+		}
+		b.Run(name, func(b *testing.B) {
+			s, r := benchStore(b, grace)
+			users := addUsers(b, s, 1000)
+			ctx := context.Background()
+			measure(b, r, 1, "op", func() {
+				for i := 0; i < b.N; i++ {
+					c := presence.Conn{ID: "c" + strconv.Itoa(i), UserID: users[i%len(users)], Device: "web"}
+					if err := s.Connect(ctx, c); err != nil {
+						b.Fatal(err)
+					}
+					if err := s.Disconnect(ctx, c.ID, presence.Closed); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkHeartbeatBatch: 100 heartbeats of live connections written to
+// Redis. script_100 is one heartbeat script call with 100 ids of one shard
+// (what a shard's batch is at 200 heartbeats/s per shard); flush_100 is
+// the store's own path: Heartbeat 100 times (queued), then one flush, which
+// spreads them over the shards in one pipeline (~30 script calls). ns/hb
+// and redis-µs/hb are per heartbeat.
+func BenchmarkHeartbeatBatch(b *testing.B) {
+	const batch = 100
+	ctx := context.Background()
+	b.Run("script_100", func(b *testing.B) {
+		s, r := benchStore(b, 0)
+		// 100 connections of users in shard 0.
+		var ids []string
+		for i := 0; len(ids) < batch; i++ {
+			u := "u" + strconv.Itoa(i)
+			if shardOf(u) != 0 {
+				continue
+			}
+			id := "c" + strconv.Itoa(i)
+			if err := s.Connect(ctx, presence.Conn{ID: id, UserID: u, Device: "web"}); err != nil {
+				b.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		args := []any{prefix(0), s.ttlMS()}
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		measure(b, r, batch, "hb", func() {
+			for i := 0; i < b.N; i++ {
+				v, err := run(ctx, s.rdb, s.sc.heartbeat, []string{dlKey(0)}, args...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if missing := asStrings(v); len(missing) != 0 {
+					b.Fatalf("%d connections unknown to Redis", len(missing))
+				}
+			}
+		})
+	})
+	b.Run("flush_100", func(b *testing.B) {
+		s, r := benchStore(b, 0)
+		users := addUsers(b, s, batch)
+		ids := make([]string, batch)
+		for i, u := range users {
+			ids[i] = "c" + strconv.Itoa(i)
+			if err := s.Connect(ctx, presence.Conn{ID: ids[i], UserID: u, Device: "web"}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		reassert := s.m.reassertions
+		_ = reassert
+		measure(b, r, batch, "hb", func() {
+			for i := 0; i < b.N; i++ {
+				for _, id := range ids {
+					if err := s.Heartbeat(ctx, id); err != nil {
+						b.Fatal(err)
+					}
+				}
+				s.flushHeartbeats(ctx)
+			}
+		})
+		if !s.healthy.Load() {
+			b.Fatal("a heartbeat flush failed")
+		}
+	})
+}
+
+// BenchmarkSweepNothingDue: one op is the store's Sweep (one script per
+// shard, 32, in one pipeline) while conns connections are live and nothing
+// is due: what every node pays every sweep period (100 ms) at rest.
+func BenchmarkSweepNothingDue(b *testing.B) {
+	for _, conns := range []int{0, 1000} {
+		b.Run("conns="+strconv.Itoa(conns), func(b *testing.B) {
+			s, r := benchStore(b, 0)
+			ctx := context.Background()
+			for i, u := range addUsers(b, s, conns) {
+				if err := s.Connect(ctx, presence.Conn{ID: "c" + strconv.Itoa(i), UserID: u, Device: "web"}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			// The first sweep starts a hold-off (nobody swept before); let it pass.
+			if err := s.Sweep(ctx); err != nil {
+				b.Fatal(err)
+			}
+			time.Sleep(10 * time.Millisecond)
+			var swept int
+			obs := observerFunc(func(_ string, out presence.Outcome, _ time.Duration) {
+				swept += len(out.Expired) + len(out.Changes)
+			})
+			s.SetObserver(obs)
+			measure(b, r, 1, "op", func() {
+				for i := 0; i < b.N; i++ {
+					if err := s.Sweep(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			if swept != 0 {
+				b.Fatalf("the sweep found %d things due", swept)
+			}
+		})
+	}
+}
+
+type observerFunc func(op string, out presence.Outcome, took time.Duration)
+
+func (f observerFunc) ObserveOutcome(op string, out presence.Outcome, took time.Duration) {
+	f(op, out, took)
+}
