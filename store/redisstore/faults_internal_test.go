@@ -188,7 +188,8 @@ func TestFaults(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		took := time.Since(killed)
-		if took > 2*time.Second {
+		// Loose for a loaded CI machine; the bug this guards took 2×ttl+grace = 4.3s.
+		if took > 3*time.Second {
 			t.Fatalf("bob offline only after %v (hist %v); want ~NodeTTL+grace = 0.9s", took.Round(100*time.Millisecond), h.hist())
 		}
 	})
@@ -255,7 +256,7 @@ func TestFaults(t *testing.T) {
 			_ = s.Sweep(ctx)
 			time.Sleep(50 * time.Millisecond)
 		}
-		if took := time.Since(closed); took > time.Second {
+		if took := time.Since(closed); took > 2500*time.Millisecond { // the bug: 2×ttl+grace = 4.3s
 			t.Fatalf("offline %v after the close (hist %v, ping %v); want ~grace", took.Round(100*time.Millisecond), h.hist(), s.Ping(ctx))
 		}
 	})
