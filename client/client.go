@@ -208,7 +208,9 @@ func (c *Client) emit(changes []Change) {
 			c.opts.OnChange(ch)
 		}
 	}
-	c.changes.push(changes)
+	if !c.opts.DisableChanges {
+		c.changes.push(changes)
+	}
 }
 
 // Freeze stops (on=true) or resumes (on=false) all sending, for expiry

@@ -681,3 +681,16 @@ func TestDialAndCloseErrors(t *testing.T) {
 		t.Error("Changes not closed after Close")
 	}
 }
+
+func TestDisableChangesLeavesTheChannelUnfed(t *testing.T) {
+	var seen []string
+	c := &Client{opts: Options{DisableChanges: true, OnChange: func(ch Change) { seen = append(seen, ch.UserID) }},
+		changes: newChangeQueue(4)}
+	c.emit([]Change{{UserID: "bob", State: "online"}, {UserID: "amy", State: "away"}})
+	if len(seen) != 2 {
+		t.Fatalf("OnChange saw %v", seen)
+	}
+	if _, ok := c.changes.pop(); ok {
+		t.Fatal("a change was queued for the Changes channel")
+	}
+}

@@ -41,6 +41,10 @@ type Options struct {
 	OnChange func(Change)
 	// ChangesBuffer is the capacity of the Changes channel; default 256.
 	ChangesBuffer int
+	// DisableChanges leaves the Changes channel unfed, for programs that
+	// only use OnChange or the map (a load generator with thousands of
+	// clients): no change is queued for a reader that never comes.
+	DisableChanges bool
 	// OnStateChange, if set, is called on every change of the connection
 	// state, on the goroutine that connects. It must not block and must not
 	// call Close.

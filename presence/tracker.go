@@ -173,6 +173,16 @@ func (t *Tracker) Presence(userID string) Presence {
 	return p
 }
 
+// State reports only a user's published state and version: what a snapshot
+// needs, without the devices and last-seen work of Presence.
+func (t *Tracker) State(userID string) (State, uint64) {
+	u, ok := t.users[userID]
+	if !ok {
+		return Offline, 0
+	}
+	return u.published, u.version
+}
+
 // Has reports whether connID is a live connection.
 func (t *Tracker) Has(connID string) bool {
 	_, ok := t.conns[connID]

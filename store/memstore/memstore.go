@@ -128,6 +128,19 @@ func (s *Store) Presence(_ context.Context, userIDs []string) ([]presence.Presen
 	return out, nil
 }
 
+// States implements the server's optional snapshot read: state and version
+// only, for many users under one lock.
+func (s *Store) States(_ context.Context, userIDs []string) ([]presence.Presence, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]presence.Presence, len(userIDs))
+	for i, id := range userIDs {
+		out[i].UserID = id
+		out[i].State, out[i].Version = s.tracker.State(id)
+	}
+	return out, nil
+}
+
 // Counts reports live connections and users who are not offline.
 func (s *Store) Counts() (conns, present int) {
 	s.mu.Lock()
