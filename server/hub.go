@@ -418,7 +418,7 @@ func wireChange(c presence.Change) protocol.Change {
 // offline a viewer missed overrides the online it holds. Clients drop what
 // they already hold.
 func (h *hub) OnResync(floor uint64) {
-	h.enqueue(func(ctx context.Context) {
+	h.enqueue(func(context.Context) {
 		h.mu.RLock()
 		users := make([]*localUser, 0, len(h.users))
 		for _, lu := range h.users {
@@ -427,7 +427,10 @@ func (h *hub) OnResync(floor uint64) {
 		h.mu.RUnlock()
 		now := h.srv.cfg.Now().UnixMilli()
 		for _, lu := range users {
+			// A deadline per user: a big node must not run out of time halfway.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			ps, err := h.srv.snapshot(ctx, lu.id, h.teamsOf(lu.id))
+			cancel()
 			if err != nil {
 				h.srv.log.Warn("resync", "err", err)
 				continue
