@@ -45,7 +45,9 @@ func newExpiryWorker(env *workerEnv) handler {
 		if !ownsTeam(k, env.index, env.count) {
 			continue
 		}
-		m := &member{idx: i, user: o.user(i), device: "web", team: k, target: i % len(o.Targets)}
+		// Pairs share a node, so every node holds subjects and viewers alike
+		// (i % targets would put every subject on one node of two).
+		m := &member{idx: i, user: o.user(i), device: "web", team: k, target: (i / 2) % len(o.Targets)}
 		w.ms = append(w.ms, m)
 		if i%2 == 1 {
 			w.subjects[m.user] = &expSubject{team: k, m: m}

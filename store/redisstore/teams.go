@@ -237,3 +237,33 @@ func (s *Store) retryPublish(ctx context.Context) {
 	s.pubMu.Unlock()
 	s.publish(ctx, msgs)
 }
+
+// States reads only the state and version of each user: what a snapshot
+// needs. One HMGET per user, pipelined: a script per user cost Redis a
+// fifth of a millisecond each, which capped connects per second.
+func (s *Store) States(ctx context.Context, userIDs []string) ([]presence.Presence, error) {
+	out := make([]presence.Presence, len(userIDs))
+	if len(userIDs) == 0 {
+		return out, nil
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(userIDs))
+	for i, u := range userIDs {
+		cmds[i] = pipe.HMGet(ctx, prefix(shardOf(u))+"u:"+u, "s", "v", "grace")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))
+	}
+	for i, c := range cmds {
+		out[i].UserID = userIDs[i]
+		vals := c.Val()
+		if len(vals) < 2 {
+			continue
+		}
+		out[i].State = presence.State(toInt(vals[0]))
+		if v, ok := vals[1].(string); ok {
+			out[i].Version, _ = strconv.ParseUint(v, 10, 64)
+		}
+	}
+	return out, nil
+}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store/redisstore/redistest"
 	"github.com/greendot/greendot/store/storetest"
 )
@@ -50,4 +51,37 @@ func TestWatchSubscribesOnlyWhatIsNeeded(t *testing.T) {
 		t.Fatal(err)
 	}
 	subscribed(false)
+}
+
+// States (the snapshot read) agrees with Presence on state and version.
+func TestStatesAgreeWithPresence(t *testing.T) {
+	r := redistest.Start(t)
+	s := newStore(t, r.URL(), storetest.Config{TTL: time.Second, Grace: time.Second, Node: "n1"})
+	ctx := context.Background()
+	if err := s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Connect(ctx, presence.Conn{ID: "c2", UserID: "amy", Device: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetStatus(ctx, "c2", false); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"bob", "amy", "nobody"}
+	full, err := s.Presence(ctx, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	light, err := s.States(ctx, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range ids {
+		if full[i].State != light[i].State || full[i].Version != light[i].Version || light[i].UserID != ids[i] {
+			t.Errorf("%s: presence %v v%d, states %v v%d", ids[i], full[i].State, full[i].Version, light[i].State, light[i].Version)
+		}
+	}
+	if light[0].State != presence.Online || light[1].State != presence.Away || light[2].State != presence.Offline {
+		t.Fatalf("states = %+v", light)
+	}
 }
