@@ -24,6 +24,7 @@ func (s *Store) flushLoop() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		s.flushHeartbeats(ctx)
 		s.retryPublish(ctx)
+		s.retryEnds(ctx)
 		cancel()
 	}
 }
@@ -57,8 +58,11 @@ func (s *Store) flushHeartbeats(ctx context.Context) {
 		if err != nil {
 			s.m.errors.WithLabelValues(store.OpHeartbeat).Inc()
 			// An outage: the health check re-asserts everything once Redis
-			// answers again.
-			s.healthy.Store(false)
+			// answers again. A timeout is only lateness: the next batch
+			// carries these connections' next heartbeats.
+			if lostContact(err) {
+				s.healthy.Store(false)
+			}
 			continue
 		}
 		missing = append(missing, asStrings(replies[i])...)
@@ -155,7 +159,9 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	})
 	if err != nil {
 		s.m.errors.WithLabelValues("beat").Inc()
-		s.healthy.Store(false)
+		if lostContact(err) {
+			s.healthy.Store(false)
+		}
 		return
 	}
 	missing := false
@@ -177,11 +183,16 @@ func (s *Store) healthLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
+	var notBefore time.Time // a failed recovery backs off: it is heavy
+	backoff := time.Second
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
+		}
+		if time.Now().Before(notBefore) {
+			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		err := s.rdb.Ping(ctx).Err()
@@ -193,9 +204,17 @@ func (s *Store) healthLoop() {
 			s.m.up.Set(0)
 		case !s.healthy.Load():
 			s.log.Info("redis is back: re-asserting live connections")
-			if s.recover(ctx) == nil {
+			rctx, rcancel := context.WithTimeout(context.Background(), 15*time.Second)
+			err := s.recover(rctx)
+			rcancel()
+			if err != nil {
+				s.log.Warn("re-assertion failed; trying again later", "err", err, "in", backoff)
+				notBefore = time.Now().Add(backoff)
+				backoff = min(2*backoff, 15*time.Second)
+			} else {
 				s.healthy.Store(true)
 				s.m.up.Set(1)
+				backoff = time.Second
 			}
 		default:
 			s.m.up.Set(1)

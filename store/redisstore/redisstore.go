@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -80,6 +81,9 @@ type Store struct {
 
 	hbMu      sync.Mutex
 	hbPending map[int][]string // shard → connection ids heard from
+
+	endsMu sync.Mutex
+	ends   []pendingEnd // guarded by endsMu
 
 	pubMu       sync.Mutex
 	unpublished []pubMsg // changes whose publish failed, retried by flushLoop
@@ -280,6 +284,10 @@ func (s *Store) connect(ctx context.Context, c presence.Conn, active, assert boo
 	v, err := run(ctx, s.rdb, s.sc.connect, []string{dlKey(sh)},
 		prefix(sh), c.ID, c.UserID, c.Device, c.Node, s.ttlMS(), boolArg(active), boolArg(assert))
 	if err != nil {
+		if !assert && !isRedisReply(err) {
+			// The script may have run: make sure no ghost stays behind.
+			s.endLater(pendingEnd{id: c.ID, user: c.UserID, cause: presence.Closed})
+		}
 		return s.failed(store.OpConnect, fmt.Errorf("redisstore: connect: %w", scriptErr(err)))
 	}
 	s.mu.Lock()
@@ -363,6 +371,9 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 	v, err := run(ctx, s.rdb, s.sc.disconnect, []string{dlKey(sh)},
 		prefix(sh), connID, int(cause), s.ttlMS(), s.graceMS(), lc.user)
 	if err != nil {
+		if !isRedisReply(err) {
+			s.endLater(pendingEnd{id: connID, user: lc.user, cause: cause, known: true})
+		}
 		err = scriptErr(err)
 		if errors.Is(err, ErrUnknownConn) {
 			return err
@@ -497,15 +508,78 @@ func (s *Store) apply(ctx context.Context, op string, v any, start time.Time) er
 	return nil
 }
 
-// failed counts a failed operation. A failure that is not a script's own
-// answer may have left Redis and this node disagreeing (the script may or
-// may not have run): the health check then re-asserts and reconciles.
+// failed counts a failed operation. Lost contact with Redis makes the
+// health check re-assert and reconcile once Redis answers; a mere timeout
+// does not, since re-asserting every connection into an overloaded Redis
+// would only feed the overload (the failed call itself is retried instead,
+// where it matters: see endLater).
 func (s *Store) failed(op string, err error) error {
 	s.m.errors.WithLabelValues(op).Inc()
-	if !isRedisReply(err) {
+	if lostContact(err) {
 		s.healthy.Store(false)
 	}
 	return err
+}
+
+// lostContact reports an error that means Redis was not reached (refused,
+// reset, closed), as opposed to a script's answer or a timeout.
+func lostContact(err error) bool {
+	if err == nil || isRedisReply(err) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ne net.Error
+	return !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// pendingEnd is a connection to end in Redis again: its disconnect (or its
+// failed connect) may or may not have reached Redis.
+type pendingEnd struct {
+	id, user string // user picks the shard
+	cause    presence.Cause
+	known    bool // the user was connected here: a lost record still ends in an offline
+	tries    int
+}
+
+// maxPendingEnds bounds the retry list; past it the health check's
+// reconciliation is left to clean up.
+const maxPendingEnds = 100000
+
+func (s *Store) endLater(e pendingEnd) {
+	s.endsMu.Lock()
+	defer s.endsMu.Unlock()
+	if len(s.ends) >= maxPendingEnds {
+		s.healthy.Store(false)
+		return
+	}
+	s.ends = append(s.ends, e)
+}
+
+// retryEnds runs the pending ends; the ones that fail again wait for the
+// next flush, up to 20 tries (reconciliation covers the rest).
+func (s *Store) retryEnds(ctx context.Context) {
+	s.endsMu.Lock()
+	ends := s.ends
+	s.ends = nil
+	s.endsMu.Unlock()
+	for _, e := range ends {
+		sh := shardOf(e.user)
+		argUser := ""
+		if e.known {
+			argUser = e.user
+		}
+		v, err := run(ctx, s.rdb, s.sc.disconnect, []string{dlKey(sh)},
+			prefix(sh), e.id, int(e.cause), s.ttlMS(), s.graceMS(), argUser)
+		switch {
+		case err == nil:
+			_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
+		case isRedisReply(err): // unknown: nothing left to end
+		case e.tries < 20:
+			e.tries++
+			s.endLater(e)
+		default:
+			s.healthy.Store(false)
+		}
+	}
 }
 
 func boolArg(b bool) string {
