@@ -23,12 +23,12 @@ type userEntry struct {
 
 // Tracker applies the presence rules. It is not safe for concurrent use.
 type Tracker struct {
-	cfg    Config
-	conns  map[string]*connEntry
-	users  map[string]*userEntry
-	expiry deadlines // connection deadlines, lazily refreshed
-	graces deadlines // grace ends
-	present int      // users whose published state is not offline
+	cfg     Config
+	conns   map[string]*connEntry
+	users   map[string]*userEntry
+	expiry  deadlines // connection deadlines, lazily refreshed
+	graces  deadlines // grace ends
+	present int       // users whose published state is not offline
 }
 
 // NewTracker returns an empty Tracker.
