@@ -164,17 +164,12 @@ func driveFanout(ctx context.Context, d *driver) error {
 	if err := d.setupTeams(ctx, pairs); err != nil {
 		return err
 	}
-	r, err := d.connect(ctx, "viewers", nil)
+	r, err := d.connectAndWait(ctx, "viewers", nil)
 	if err != nil {
 		return err
 	}
 	defer closeWorkers(ctx, d)
-	if err := d.waitConns(ctx, r.Dialed, time.Minute); err != nil {
-		return err
-	}
-	d.setStatus("waiting for the connect fan-out to drain")
-	d.waitQuiet(ctx, 2*time.Minute)
-	s1, err := d.scrape(ctx)
+	s1, err := d.settle(ctx, 2*time.Minute)
 	if err != nil {
 		return err
 	}

@@ -72,17 +72,12 @@ func driveIdle(ctx context.Context, d *driver) error {
 	if err != nil {
 		return err
 	}
-	r, err := d.connect(ctx, "users", idleArgs{})
+	r, err := d.connectAndWait(ctx, "users", idleArgs{})
 	if err != nil {
 		return err
 	}
 	defer closeWorkers(ctx, d)
-	if err := d.waitConns(ctx, r.Dialed, time.Minute); err != nil {
-		return err
-	}
-	d.setStatus("waiting for the connect fan-out to drain")
-	d.waitQuiet(ctx, time.Minute)
-	s1, err := d.scrape(ctx)
+	s1, err := d.settle(ctx, time.Minute)
 	if err != nil {
 		return err
 	}
@@ -120,14 +115,11 @@ func driveHeartbeat(ctx context.Context, d *driver) error {
 		return err
 	}
 	interval := time.Duration(float64(o.N) / (jitterMean * o.Rate) * float64(time.Second))
-	r, err := d.connect(ctx, "users", idleArgs{HeartbeatMS: max(interval.Milliseconds(), 1)})
+	_, err := d.connectAndWait(ctx, "users", idleArgs{HeartbeatMS: max(interval.Milliseconds(), 1)})
 	if err != nil {
 		return err
 	}
 	defer closeWorkers(ctx, d)
-	if err := d.waitConns(ctx, r.Dialed, time.Minute); err != nil {
-		return err
-	}
 	smp, err := d.startSamplers(ctx)
 	if err != nil {
 		return err

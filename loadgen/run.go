@@ -190,6 +190,28 @@ func (d *driver) scrape(ctx context.Context) (Sample, error) { return scrape(ctx
 
 // waitConns waits until the servers count at least want connections (the
 // gauge is refreshed at each sweep), for at most limit.
+// connectAndWait has the workers connect their clients and waits until the
+// servers count them all. On success the caller defers closeWorkers.
+func (d *driver) connectAndWait(ctx context.Context, what string, args any) (connectReply, error) {
+	r, err := d.connect(ctx, what, args)
+	if err != nil {
+		return r, err
+	}
+	if err := d.waitConns(ctx, r.Dialed, time.Minute); err != nil {
+		closeWorkers(ctx, d)
+		return r, err
+	}
+	return r, nil
+}
+
+// settle waits for the connect fan-out to drain and scrapes the servers: the
+// starting point of a measurement.
+func (d *driver) settle(ctx context.Context, limit time.Duration) (Sample, error) {
+	d.setStatus("waiting for the connect fan-out to drain")
+	d.waitQuiet(ctx, limit)
+	return d.scrape(ctx)
+}
+
 func (d *driver) waitConns(ctx context.Context, want int, limit time.Duration) error {
 	d.setStatus(fmt.Sprintf("waiting for the servers to count %d connections", want))
 	deadline := time.Now().Add(limit)

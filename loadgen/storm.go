@@ -154,22 +154,17 @@ func driveStorm(ctx context.Context, d *driver) error {
 	if err := d.setupTeams(ctx, teamPairs(o, o.N)); err != nil {
 		return err
 	}
-	r, err := d.connect(ctx, "users", nil)
+	r, err := d.connectAndWait(ctx, "users", nil)
 	if err != nil {
 		return err
 	}
 	defer closeWorkers(ctx, d)
-	if err := d.waitConns(ctx, r.Dialed, time.Minute); err != nil {
-		return err
-	}
 	smp, err := d.startSamplers(ctx)
 	if err != nil {
 		return err
 	}
 	defer smp.close()
-	d.setStatus("waiting for the connect fan-out to drain")
-	d.waitQuiet(ctx, time.Minute)
-	s1, err := d.scrape(ctx)
+	s1, err := d.settle(ctx, time.Minute)
 	if err != nil {
 		return err
 	}
