@@ -256,7 +256,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		waitUntil(ctx, 2*time.Second, func() bool { return s.hub.count() == 0 })
 		// Keep answering 503 while clients come back (they wait up to
 		// DrainSpread), so health checks see this node leave.
-		waitUntil(ctx, s.cfg.DrainSpread-time.Since(drainStart), func() bool { return false })
+		select {
+		case <-ctx.Done():
+		case <-time.After(s.cfg.DrainSpread - time.Since(drainStart)):
+		}
 		if s.ln != nil {
 			_ = s.ln.Close()
 		}
