@@ -444,8 +444,17 @@ func TestJoiningABigTeamIsNotSlow(t *testing.T) {
 		members = append(members, fmt.Sprint("m", i))
 	}
 	ts.join("big", members...)
+	// MaxPending is tiny here, so each member must have read one online
+	// before the next arrives: otherwise a starved flusher under -race
+	// could let a member's queue pass the limit, close it as slow, and
+	// show the joiner its offline.
+	var conns []*wsClient
 	for _, m := range members {
-		ts.dial(t, m)
+		c := ts.dial(t, m)
+		for _, earlier := range conns {
+			earlier.expectChanges(5*time.Second, m+"=online")
+		}
+		conns = append(conns, c)
 	}
 	joiner := ts.dial(t, "joiner")
 	ts.join("big", "joiner")
