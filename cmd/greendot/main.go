@@ -73,6 +73,7 @@ type serveOptions struct {
 	jwtSecret         string
 	apiKey            string
 	logLevel          string
+	pprofAddr         string
 }
 
 func serveFlags(o *serveOptions) *flag.FlagSet {
@@ -87,6 +88,7 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs.StringVar(&o.jwtSecret, "jwt-secret", "", "HS256 secret for client tokens; unset = dev mode")
 	fs.StringVar(&o.apiKey, "api-key", "", "bearer key required on the HTTP API (all /v1 routes but /v1/connect)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060); off when empty")
 	return fs
 }
 
@@ -213,6 +215,14 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	if o.apiKey == "" {
 		log.Warn("no --api-key set: the HTTP API (/v1/users, /v1/teams, /v1/presence) is open to anyone who can reach it")
+	}
+
+	if o.pprofAddr != "" {
+		stopProfiles, err := serveProfiles(o.pprofAddr, log)
+		if err != nil {
+			return err
+		}
+		defer stopProfiles()
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
