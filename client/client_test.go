@@ -2,10 +2,12 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -271,6 +273,66 @@ func TestSilentServerIsLeft(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestHeartbeatsProbeOnlyAfterQuiet: a heartbeat asks for an ack only when
+// the server has been quiet for half the ttl; the others carry no id.
+func TestHeartbeatsProbeOnlyAfterQuiet(t *testing.T) {
+	type beat struct {
+		at    time.Time
+		probe bool
+	}
+	var mu sync.Mutex
+	var beats []beat
+	fs := newFakeServer(t, func(n int, c *fakeConn) {
+		c.hello(50, 600) // a probe at most every 300 ms of quiet
+		for {
+			_, data, err := c.Read(c.ctx)
+			if err != nil {
+				return
+			}
+			var hb protocol.Heartbeat
+			if json.Unmarshal(data, &hb) != nil || hb.Type != protocol.TypeHeartbeat {
+				continue
+			}
+			mu.Lock()
+			beats = append(beats, beat{time.Now(), len(hb.ID) > 0})
+			mu.Unlock()
+			if len(hb.ID) > 0 {
+				c.send(protocol.HeartbeatAck{Type: protocol.TypeHeartbeatAck, ID: hb.ID})
+			}
+		}
+	})
+	opts := testOptions(t, "alice")
+	dial(t, fs.url(), opts)
+	checkFor(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(beats) < 40 {
+			return fmt.Errorf("%d heartbeats", len(beats))
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var probes []time.Time
+	for _, b := range beats {
+		if b.probe {
+			probes = append(probes, b.at)
+		}
+	}
+	// 40 beats at 35-50 ms take 1.4-2 s: 4-7 probes, never two within 300 ms.
+	if len(probes) < 3 || len(probes) > len(beats)/4 {
+		t.Fatalf("%d probes among %d heartbeats", len(probes), len(beats))
+	}
+	for i := 1; i < len(probes); i++ {
+		if gap := probes[i].Sub(probes[i-1]); gap < 250*time.Millisecond {
+			t.Errorf("probes %v apart, though each was answered at once", gap)
+		}
+	}
+	if fs.connections() != 1 {
+		t.Errorf("%d connections: an answered client reconnected", fs.connections())
+	}
 }
 
 // ---- against a real greendot process ----

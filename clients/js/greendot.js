@@ -350,7 +350,13 @@ export class GreendotClient {
         this._onClose(1006, 'server silent');
         return;
       }
-      this._send({ type: 'heartbeat', id: ++this._heartbeatSeq });
+      // Ask for an ack (an id) only after half a ttl of quiet: the ack is a
+      // liveness probe, and answering every heartbeat costs the server a write.
+      if (Date.now() - this._lastFrameAt >= this.ttlMs / 2) {
+        this._send({ type: 'heartbeat', id: ++this._heartbeatSeq });
+      } else {
+        this._send({ type: 'heartbeat' });
+      }
       this._scheduleHeartbeat();
     }, gap);
   }
