@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
 	"github.com/greendot/greendot/store"
 )
 
@@ -42,6 +43,10 @@ type metrics struct {
 	slowDisconnects    prometheus.Counter
 	storeLatency       *prometheus.HistogramVec
 	storeErrors        *prometheus.CounterVec
+
+	// Resolved once: the heartbeat path is the hottest there is.
+	heartbeatFrames prometheus.Counter
+	heartbeatErrors prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -109,6 +114,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.dropped.WithLabelValues(reasonStale)
 	m.dropped.WithLabelValues(reasonSlow)
+	m.heartbeatFrames = m.frames.WithLabelValues(protocol.TypeHeartbeat)
+	m.heartbeatErrors = m.storeErrors.WithLabelValues(store.OpHeartbeat)
 	return m
 }
 

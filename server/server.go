@@ -287,11 +287,17 @@ func (s *Server) sweepLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.SweepInterval)
 	defer t.Stop()
+	reapEvery := min(time.Second, s.cfg.TTL/4)
+	var reaped time.Time
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
+		}
+		if now := s.cfg.Now(); now.Sub(reaped) >= reapEvery {
+			reaped = now
+			s.reapSilent(now)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := s.store.Sweep(ctx); err != nil {
@@ -303,6 +309,17 @@ func (s *Server) sweepLoop() {
 		if c, ok := s.store.(interface{ Counts() (int, int) }); ok {
 			_, present := c.Counts()
 			s.metrics.usersOnline.Set(float64(present))
+		}
+	}
+}
+
+// reapSilent closes the sockets of connections silent for the ttl. Their
+// presence is the store's business (it expires them on its own clock); this
+// only frees the sockets of hung clients and half-open connections.
+func (s *Server) reapSilent(now time.Time) {
+	for _, c := range s.hub.silent(now.Add(-s.cfg.TTL).UnixNano()) {
+		if !c.closed.Swap(true) {
+			_ = c.ws.Close()
 		}
 	}
 }
