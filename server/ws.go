@@ -24,7 +24,7 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 	// No read deadline: resetting one per frame cost 5% of the CPU per
 	// heartbeat; reapSilent closes sockets that stay silent past the ttl.
 	u.KeepaliveTime = 0
-	u.MessageLengthLimit = s.cfg.MaxMessageSize              // nbio closes with 1009 past it
+	u.MessageLengthLimit = s.cfg.MaxMessageSize // nbio closes with 1009 past it
 	u.BlockingModAsyncWrite = false
 	u.OnMessage(s.onMessage)
 	u.OnClose(s.onClose)
