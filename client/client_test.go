@@ -756,3 +756,24 @@ func TestDisableChangesLeavesTheChannelUnfed(t *testing.T) {
 		t.Fatal("a change was queued for the Changes channel")
 	}
 }
+
+func TestLeadingType(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+		ok   bool
+	}{
+		{`{"type":"presence","changes":[]}`, "presence", true},
+		{`{"type":"heartbeat_ack","id":1}`, "heartbeat_ack", true},
+		{`{ "type":"presence"}`, "", false},             // not the server's layout: full decode
+		{`{"changes":[],"type":"presence"}`, "", false}, // type not first
+		{`{"type":"pre\"sence"}`, "", false},            // escapes: full decode
+		{`{"type":"presence`, "", false},
+		{``, "", false},
+	} {
+		got, ok := leadingType([]byte(tc.in))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("leadingType(%s) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}

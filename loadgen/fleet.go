@@ -48,7 +48,7 @@ func (d *dialer) closeIdle() { d.hc.CloseIdleConnections() }
 func (d *dialer) options(m *member) client.Options {
 	co := client.Options{
 		Device:        m.device,
-		ChangesBuffer: 1, // nobody reads Changes: OnChange sees everything
+		DisableChanges: true, // nobody reads Changes: OnChange sees everything
 		DialTimeout:   15 * time.Second,
 		HTTPClient:    d.hc,
 		OnStateChange: func(sc client.StateChange) {

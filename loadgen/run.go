@@ -340,8 +340,9 @@ func (d *driver) startSamplers(ctx context.Context) (*samplers, error) {
 	defer dl.closeIdle()
 	for i := range d.o.Samplers {
 		m := &member{user: fmt.Sprintf("%s-s%d", d.o.RunID, i), device: "web", target: i % len(d.o.Targets)}
+		// Automatic heartbeats stay on: a sampler waits silent between its
+		// dial and the measured window, longer than a short ttl.
 		co := dl.options(m)
-		co.DisableHeartbeats = true
 		c, err := dl.dial(ctx, m, co)
 		if err != nil {
 			s.close()

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/greendot/greendot/presence"
@@ -34,6 +35,7 @@ type hub struct {
 	dirtyMu sync.Mutex
 	dirty   []*client
 	wake    chan struct{} // cap 1; never closed
+	routing atomic.Int32  // OnPresence calls in progress
 
 	jobsMu  sync.Mutex
 	jobs    []func(ctx context.Context)
@@ -245,6 +247,10 @@ func (h *hub) teamsOf(user string) []string {
 // OnPresence queues a change for every local connection of every user who
 // shares one of the subject's teams, once each.
 func (h *hub) OnPresence(ev store.PresenceEvent) {
+	// The flusher is woken once the change is queued for every viewer, not
+	// at the first: a round must not start with a fan-out half routed.
+	h.routing.Add(1)
+	defer h.routed()
 	ch := wireChange(ev.Change)
 	if ev.Via == "" || (len(ev.Teams) > 0 && ev.Via == ev.Teams[0]) {
 		h.srv.metrics.changes.WithLabelValues(ch.State).Inc() // once, not once per team
@@ -470,25 +476,46 @@ func (h *hub) markDirty(c *client) {
 	h.dirtyMu.Lock()
 	h.dirty = append(h.dirty, c)
 	h.dirtyMu.Unlock()
+	if h.routing.Load() == 0 {
+		h.kick()
+	}
+}
+
+// routed ends an OnPresence; the last router out wakes the flusher. A
+// markDirty that saw a router at work relies on this wake.
+func (h *hub) routed() {
+	if h.routing.Add(-1) == 0 {
+		h.kick()
+	}
+}
+
+func (h *hub) kick() {
 	select {
 	case h.wake <- struct{}{}:
 	default:
 	}
 }
 
-// flushLoop writes queued changes. Waiting FlushDelay after the first one
-// batches a burst into one frame per connection; a large round is split
-// over a few goroutines, since each write is a system call.
+// flushLoop writes queued changes. Rounds start at most every FlushDelay,
+// which batches a burst into one frame per connection; a large round is
+// split over a few goroutines, since each write is a system call.
 func (h *hub) flushLoop() {
 	defer h.srv.wg.Done()
 	var batch []*client
+	var last time.Time
 	for {
 		select {
 		case <-h.srv.stop:
 			return
 		case <-h.wake:
 		}
-		time.Sleep(h.srv.cfg.FlushDelay)
+		// A change after a quiet spell goes out at once; under churn,
+		// rounds start at most every FlushDelay, so a round batches (and
+		// coalesces) whatever arrived while the previous one was written.
+		if wait := h.srv.cfg.FlushDelay - time.Since(last); wait > 0 {
+			time.Sleep(wait)
+		}
+		last = time.Now()
 		h.dirtyMu.Lock()
 		batch, h.dirty = h.dirty, batch[:0]
 		h.dirtyMu.Unlock()

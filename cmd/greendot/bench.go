@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"os/exec"
 	"os/signal"
 	"strconv"
@@ -70,6 +71,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.RunID, "run-id", "", "prefix of user and team ids (default random)")
 	fs.DurationVar(&o.MaxTime, "max-time", 0, "bound on the whole run (default duration + 10m)")
 	quiet := fs.Bool("quiet", false, "no progress line on stderr")
+	cpuProfile := fs.String("cpuprofile", "", "write the load process's CPU profile to this file")
 	fs.StringVar(&worker, "worker", "", "internal: serve as child worker i/n over stdin and stdout")
 
 	scenario := ""
@@ -101,6 +103,18 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	o.Targets = []string{target}
 	if targets != "" {
 		o.Targets = strings.Split(targets, ",")
+	}
+
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("bench: --cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("bench: --cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
