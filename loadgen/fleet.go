@@ -47,10 +47,10 @@ func (d *dialer) closeIdle() { d.hc.CloseIdleConnections() }
 // the load generator needs (no Changes queue worth the name, quick dials).
 func (d *dialer) options(m *member) client.Options {
 	co := client.Options{
-		Device:        m.device,
+		Device:         m.device,
 		DisableChanges: true, // nobody reads Changes: OnChange sees everything
-		DialTimeout:   15 * time.Second,
-		HTTPClient:    d.hc,
+		DialTimeout:    15 * time.Second,
+		HTTPClient:     d.hc,
 		OnStateChange: func(sc client.StateChange) {
 			if sc.State == client.Connected {
 				if m.up.CompareAndSwap(false, true) {
