@@ -18,7 +18,9 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/server"
+	"github.com/greendot/greendot/store"
 )
 
 func (c *wsClient) expectError(code string) {
@@ -463,4 +465,68 @@ func TestJoiningABigTeamIsNotSlow(t *testing.T) {
 		t.Fatalf("joiner got %d changes %v, want %d", len(got), got, len(members))
 	}
 	joiner.stillServes()
+}
+
+// slowConnects holds every Connect until release is closed.
+type slowConnects struct {
+	store.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *slowConnects) Connect(ctx context.Context, c presence.Conn) error {
+	s.entered <- struct{}{}
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.Store.Connect(ctx, c)
+}
+
+// A connect storm is admitted MaxConnecting at a time: the others wait
+// their turn, and past ConnectQueueWait are refused with a JSON 503 before
+// any store work, instead of all timing out together.
+func TestConnectsAreAdmittedAtABoundedRate(t *testing.T) {
+	slow := &slowConnects{entered: make(chan struct{}, 8), release: make(chan struct{})}
+	ts := startServer(t, func(c *server.Config) {
+		slow.Store = c.Store
+		c.Store = slow
+		c.MaxConnecting = 1
+		c.ConnectQueueWait = 300 * time.Millisecond
+	})
+	first := make(chan *wsClient, 1)
+	go func() {
+		c, _, err := ts.dialRaw(t, "user=alice")
+		if err != nil {
+			t.Errorf("first connect: %v", err)
+		}
+		first <- c
+	}()
+	<-slow.entered // alice holds the only slot
+
+	// bob waits past ConnectQueueWait and is refused.
+	code, body := ts.do("GET", "/v1/connect?user=bob", "", "Connection", "Upgrade", "Upgrade", "websocket",
+		"Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, `"unavailable"`) {
+		t.Fatalf("bob: %d %s, want 503 unavailable", code, body)
+	}
+	select {
+	case <-slow.entered:
+		t.Fatal("a refused connect reached the store")
+	default:
+	}
+
+	// Once alice is through, carol gets the slot.
+	close(slow.release)
+	if c := <-first; c != nil {
+		c.next("welcome")
+	}
+	carol := ts.dial(t, "carol")
+	if carol.welcome["user_id"] != "carol" {
+		t.Fatalf("carol's welcome: %v", carol.welcome)
+	}
+	if _, body := ts.do("GET", "/metrics", ""); !strings.Contains(body, `greendot_connects_rejected_total{reason="overloaded"} 1`) {
+		t.Fatal("the overloaded rejection is not counted")
+	}
 }

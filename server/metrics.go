@@ -19,6 +19,7 @@ const (
 	reasonBinary       = "binary"
 	reasonUnauthorized = "unauthorized"
 	reasonDraining     = "draining"
+	reasonOverloaded   = "overloaded"
 	reasonStale        = "stale"
 	reasonSlow         = "slow_consumer"
 )

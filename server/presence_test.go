@@ -387,7 +387,7 @@ func TestZeroGracePublishesOfflineAtOnce(t *testing.T) {
 	}
 }
 
-// Expiry by the server's read deadline is counted as an expiration.
+// Expiry of a silent connection is counted as an expiration.
 func TestExpiryIsCounted(t *testing.T) {
 	ts := startServer(t)
 	ts.dialSilent(t, "bob")

@@ -56,7 +56,13 @@ type Config struct {
 	DrainSpread      time.Duration // reconnect delays are spread over this; 3s
 	SweepInterval    time.Duration // 100ms
 	FlushDelay       time.Duration // batching window for changes; 5ms
-	Static           http.Handler  // serves the demo page at /, if set
+	// MaxConnecting bounds the connects a node registers at once; others
+	// wait up to ConnectQueueWait, then get 503. A reconnect storm is then
+	// served at the rate the store sustains instead of timing out as a whole
+	// and being retried. 64 and 3s.
+	MaxConnecting    int
+	ConnectQueueWait time.Duration
+	Static           http.Handler // serves the demo page at /, if set
 	Logger           *slog.Logger
 	Registry         *prometheus.Registry // metrics; a new registry when nil
 	Now              func() time.Time
@@ -72,11 +78,12 @@ type Server struct {
 	reg     *prometheus.Registry
 	hub     *hub
 
-	upgrader *websocket.Upgrader
-	engine   *nbhttp.Engine
-	pool     *workPool
-	ln       net.Listener
-	addr     string
+	upgrader   *websocket.Upgrader
+	connecting chan struct{} // a slot per connect being registered
+	engine     *nbhttp.Engine
+	pool       *workPool
+	ln         net.Listener
+	addr       string
 
 	draining atomic.Bool
 	stopOnce sync.Once
@@ -97,6 +104,10 @@ func New(cfg Config) (*Server, error) {
 	setDefault(&cfg.DrainSpread, 3*time.Second)
 	setDefault(&cfg.SweepInterval, 100*time.Millisecond)
 	setDefault(&cfg.FlushDelay, 5*time.Millisecond)
+	setDefault(&cfg.ConnectQueueWait, 3*time.Second)
+	if cfg.MaxConnecting == 0 {
+		cfg.MaxConnecting = 64
+	}
 	if cfg.Grace < 0 {
 		return nil, errors.New("server: offline grace must not be negative")
 	}
@@ -148,6 +159,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	cfg.Store.Subscribe(s.hub)
 	s.upgrader = s.newUpgrader()
+	s.connecting = make(chan struct{}, cfg.MaxConnecting)
 	return s, nil
 }
 

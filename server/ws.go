@@ -90,6 +90,13 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, "token expired")
 		return
 	}
+	if !s.admit() {
+		s.metrics.connectsRejected.WithLabelValues(reasonOverloaded).Inc()
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "too many connects in progress; retry with backoff")
+		return
+	}
+	defer func() { <-s.connecting }()
 	ws, err := s.upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader has answered
@@ -144,6 +151,25 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	c.sendSnapshot(snap)
 	if !id.expiry.IsZero() {
 		c.setExpiry(id.expiry.Sub(now))
+	}
+}
+
+// admit takes a connect slot, waiting up to ConnectQueueWait for one.
+func (s *Server) admit() bool {
+	select {
+	case s.connecting <- struct{}{}:
+		return true
+	default:
+	}
+	t := time.NewTimer(s.cfg.ConnectQueueWait)
+	defer t.Stop()
+	select {
+	case s.connecting <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	case <-s.stop:
+		return false
 	}
 }
 
