@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/greendot/greendot/presence"
@@ -35,7 +34,6 @@ type hub struct {
 	dirtyMu sync.Mutex
 	dirty   []*client
 	wake    chan struct{} // cap 1; never closed
-	routing atomic.Int32  // OnPresence calls in progress
 
 	jobsMu  sync.Mutex
 	jobs    []func(ctx context.Context)
@@ -249,8 +247,7 @@ func (h *hub) teamsOf(user string) []string {
 func (h *hub) OnPresence(ev store.PresenceEvent) {
 	// The flusher is woken once the change is queued for every viewer, not
 	// at the first: a round must not start with a fan-out half routed.
-	h.routing.Add(1)
-	defer h.routed()
+	defer h.kick()
 	ch := wireChange(ev.Change)
 	if ev.Via == "" || (len(ev.Teams) > 0 && ev.Via == ev.Teams[0]) {
 		h.srv.metrics.changes.WithLabelValues(ch.State).Inc() // once, not once per team
@@ -265,7 +262,7 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 				continue
 			}
 			for _, c := range lu.conns {
-				c.push(ch, false)
+				c.queue(ch, false, false)
 				n++
 			}
 		}
@@ -289,7 +286,7 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 				seen[lu] = struct{}{}
 			}
 			for _, c := range lu.conns {
-				c.push(ch, false)
+				c.queue(ch, false, false)
 				n++
 			}
 		}
@@ -472,19 +469,13 @@ func (h *hub) OnResync(floor uint64) {
 }
 
 // markDirty puts c on the flusher's list.
-func (h *hub) markDirty(c *client) {
+// Unless wake is false (the caller kicks the flusher itself once it has
+// queued a whole fan-out), it wakes the flusher.
+func (h *hub) markDirty(c *client, wake bool) {
 	h.dirtyMu.Lock()
 	h.dirty = append(h.dirty, c)
 	h.dirtyMu.Unlock()
-	if h.routing.Load() == 0 {
-		h.kick()
-	}
-}
-
-// routed ends an OnPresence; the last router out wakes the flusher. A
-// markDirty that saw a router at work relies on this wake.
-func (h *hub) routed() {
-	if h.routing.Add(-1) == 0 {
+	if wake {
 		h.kick()
 	}
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,7 +79,10 @@ func (c *client) allow(now time.Time) bool {
 // push queues a change for this connection without blocking. A bulk push
 // (catching a viewer up after a team join or an outage) may queue past
 // MaxPending: it is the server's doing, not a sign of a slow reader.
-func (c *client) push(ch protocol.Change, bulk bool) {
+func (c *client) push(ch protocol.Change, bulk bool) { c.queue(ch, bulk, true) }
+
+// queue is push; with wake false it leaves waking the flusher to the caller.
+func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 	m := c.srv.metrics
 	c.mu.Lock()
 	if c.pending == nil {
@@ -112,7 +116,7 @@ func (c *client) push(ch protocol.Change, bulk bool) {
 		return
 	}
 	if schedule {
-		c.srv.hub.markDirty(c)
+		c.srv.hub.markDirty(c, wake)
 	}
 }
 
@@ -153,6 +157,13 @@ func (c *client) sendSnapshot(users []presence.Presence) {
 		// Changes that raced the snapshot can fill a map of a whole team;
 		// an empty one still holds its buckets.
 		c.pending, c.order, c.bulk = nil, nil, 0
+	} else {
+		// Forget the covered subjects' places too: a later push of one
+		// would otherwise be listed, and written, twice.
+		c.order = slices.DeleteFunc(c.order, func(s string) bool {
+			_, ok := c.pending[s]
+			return !ok
+		})
 	}
 	// Written under mu so no flush can overtake it.
 	c.writeJSONLocked(frame)
@@ -163,7 +174,7 @@ func (c *client) sendSnapshot(users []presence.Presence) {
 	}
 	c.mu.Unlock()
 	if schedule {
-		c.srv.hub.markDirty(c)
+		c.srv.hub.markDirty(c, true)
 	}
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,4 +49,20 @@ func TestEmptiedOutboxHoldsNoMemory(t *testing.T) {
 		t.Fatalf("after dropping all: pending nil %v, order cap %d", c.pending == nil, cap(c.order))
 	}
 
+}
+
+// A subject the snapshot covered, pushed again later, is listed once: the
+// flush writes each pending change once.
+func TestSnapshotForgetsCoveredSubjectsPlaces(t *testing.T) {
+	s := &Server{cfg: Config{MaxPending: 10000}, metrics: newMetrics(prometheus.NewRegistry())}
+	s.hub = newHub(s) // collects the dirty list; no flusher runs
+	c := &client{srv: s}
+	c.closed.Store(true) // writes become no-ops: no socket here
+	c.push(protocol.Change{UserID: "a", State: protocol.StateOnline, Version: 5}, false)
+	c.push(protocol.Change{UserID: "b", State: protocol.StateOnline, Version: 5}, false)
+	c.sendSnapshot([]presence.Presence{{UserID: "a", State: presence.Online, Version: 5}})
+	c.push(protocol.Change{UserID: "a", State: protocol.StateOffline, Version: 6}, false)
+	if got := strings.Join(c.order, ","); got != "b,a" {
+		t.Fatalf("order = %s, want b,a", got)
+	}
 }

@@ -105,7 +105,7 @@ func New(cfg Config) (*Server, error) {
 	setDefault(&cfg.SweepInterval, 100*time.Millisecond)
 	setDefault(&cfg.FlushDelay, 5*time.Millisecond)
 	setDefault(&cfg.ConnectQueueWait, 3*time.Second)
-	if cfg.MaxConnecting == 0 {
+	if cfg.MaxConnecting <= 0 {
 		cfg.MaxConnecting = 64
 	}
 	if cfg.Grace < 0 {
@@ -299,18 +299,15 @@ func (s *Server) sweepLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.SweepInterval)
 	defer t.Stop()
-	reapEvery := min(time.Second, s.cfg.TTL/4)
-	var reaped time.Time
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
 		}
-		if now := s.cfg.Now(); now.Sub(reaped) >= reapEvery {
-			reaped = now
-			s.reapSilent(now)
-		}
+		// Every tick: on Redis the node is the one to expire its silent
+		// connections (other nodes only as a safety net, after 2×ttl).
+		s.reapSilent(s.cfg.Now())
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := s.store.Sweep(ctx); err != nil {
 			s.metrics.storeErrors.WithLabelValues(store.OpSweep).Inc()

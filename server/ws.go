@@ -97,6 +97,11 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer func() { <-s.connecting }()
+	if s.draining.Load() { // began while this connect waited for its slot
+		s.metrics.connectsRejected.WithLabelValues(reasonDraining).Inc()
+		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "this node is draining; connect to another")
+		return
+	}
 	ws, err := s.upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader has answered
@@ -130,7 +135,9 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	}
 	c.registered.Store(true)
 	if c.closed.Load() {
-		// Closed while registering: onClose may have run before registered was set.
+		// Closed while registering: onClose may have run before registered
+		// was set, or even before hub.add, whose entry it then missed.
+		s.hub.remove(c)
 		_ = s.store.Disconnect(ctx, c.id, presence.Closed)
 		return
 	}

@@ -89,6 +89,7 @@ export class GreendotClient {
     this._attempt = 0; // consecutive failed attempts, for the backoff
     this._openedAt = 0;
     this._lastFrameAt = 0;
+    this._probeAt = 0; // first ack request since the latest frame; 0 when none
     this._restartAt = 0; // from a reconnect frame: when to come back
     this._heartbeatTimer = null;
     this._reconnectTimer = null;
@@ -343,8 +344,12 @@ export class GreendotClient {
     const gen = this._generation;
     this._heartbeatTimer = setTimeout(() => {
       if (gen !== this._generation || this._state !== ConnectionState.OPEN) return;
-      // A server that sent nothing (not even an ack) for a whole ttl is gone.
-      if (Date.now() - this._lastFrameAt > this.ttlMs + this.heartbeatIntervalMs) {
+      // A server that answered no ack request for a ttl and an interval is
+      // gone. Only an unanswered request counts: a timer the browser held
+      // back (a background tab) must not drop a healthy connection.
+      const now = Date.now();
+      if (this._probeAt && this._lastFrameAt >= this._probeAt) this._probeAt = 0;
+      if (this._probeAt && now - this._probeAt > this.ttlMs + this.heartbeatIntervalMs) {
         const ws = this._ws;
         try { ws?.close(4000, 'server silent'); } catch { /* closing */ }
         this._onClose(1006, 'server silent');
@@ -352,7 +357,8 @@ export class GreendotClient {
       }
       // Ask for an ack (an id) only after half a ttl of quiet: the ack is a
       // liveness probe, and answering every heartbeat costs the server a write.
-      if (Date.now() - this._lastFrameAt >= this.ttlMs / 2) {
+      if (now - this._lastFrameAt >= this.ttlMs / 2) {
+        if (!this._probeAt) this._probeAt = now;
         this._send({ type: 'heartbeat', id: ++this._heartbeatSeq });
       } else {
         this._send({ type: 'heartbeat' });

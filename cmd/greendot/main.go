@@ -200,6 +200,14 @@ func serve(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if o.pprofAddr != "" {
+		stopProfiles, err := serveProfiles(o.pprofAddr, log)
+		if err != nil {
+			return err
+		}
+		defer stopProfiles()
+	}
+
 	if err := srv.Start(); err != nil {
 		return err
 	}
@@ -215,14 +223,6 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	if o.apiKey == "" {
 		log.Warn("no --api-key set: the HTTP API (/v1/users, /v1/teams, /v1/presence) is open to anyone who can reach it")
-	}
-
-	if o.pprofAddr != "" {
-		stopProfiles, err := serveProfiles(o.pprofAddr, log)
-		if err != nil {
-			return err
-		}
-		defer stopProfiles()
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -275,3 +275,40 @@ test('query waits for the connection and rejects after close()', async (t) => {
   late.close();
   await assert.rejects(pending, /closed/);
 });
+
+test('a server that answers no ack request is left; one that answers is kept', async (t) => {
+  const { WebSocketServer } = await import('ws');
+  const mk = clients(t);
+  const wss = new WebSocketServer({ host: '127.0.0.1', port: 0 });
+  await new Promise((r) => wss.once('listening', r));
+  t.after(() => new Promise((r) => wss.close(r)));
+  let connections = 0;
+  const asked = [];
+  wss.on('connection', (ws, req) => {
+    connections++;
+    const answers = new URL(req.url, 'http://x').searchParams.get('user') === 'answered';
+    ws.send(JSON.stringify({ type: 'welcome', connection_id: `c${connections}`, user_id: 'u', heartbeat_interval_ms: 100, ttl_ms: 600 }));
+    ws.send(JSON.stringify({ type: 'snapshot', users: [] }));
+    ws.on('message', (data) => {
+      const f = JSON.parse(String(data));
+      if (f.type === 'heartbeat' && f.id !== undefined) {
+        asked.push(f.id);
+        if (answers) ws.send(JSON.stringify({ type: 'heartbeat_ack', id: f.id }));
+      }
+    });
+  });
+  const url = `ws://127.0.0.1:${wss.address().port}/v1/connect`;
+
+  // Silent: probes after 300 ms of quiet, dropped 700 ms after the first unanswered one.
+  const silent = mk({ url, user: 'silent', WebSocket, reconnectBaseMs: 50, reconnectMaxMs: 100 });
+  await waitFor(() => silent.states.some((s) => s.state === 'reconnecting'), { timeout: 4000, message: 'left the silent server' });
+  assert.ok(asked.length >= 1, 'it asked for an ack before leaving');
+  silent.close();
+
+  const before = connections;
+  const answered = mk({ url, user: 'answered', WebSocket });
+  await waitOpen(answered);
+  await new Promise((r) => setTimeout(r, 2000)); // over two ttls
+  assert.equal(connections, before + 1, 'an answering server was kept');
+  assert.ok(!answered.states.some((s) => s.state === 'reconnecting'), JSON.stringify(answered.states));
+});
