@@ -4,8 +4,6 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/greendot/greendot/protocol"
 )
 
@@ -13,8 +11,7 @@ import (
 // is not flushed: after the first round every push replaces a queued
 // change (presence is state, not a log), the steady state of a slow reader.
 func BenchmarkOutboxPush(b *testing.B) {
-	s := &Server{cfg: Config{MaxPending: 10000}, metrics: newMetrics(prometheus.NewRegistry())}
-	c := &client{srv: s}
+	c := &client{srv: socketlessServer()}
 	subjects := make([]string, 100)
 	for i := range subjects {
 		subjects[i] = "user-" + strconv.Itoa(i)

@@ -11,11 +11,20 @@ import (
 	"github.com/greendot/greendot/protocol"
 )
 
+// socketlessServer is enough of a Server for outboxes: metrics, a hub to
+// collect the dirty list (no flusher runs), and writes that go nowhere for
+// clients marked closed.
+func socketlessServer() *Server {
+	s := &Server{cfg: Config{MaxPending: 10000}, metrics: newMetrics(prometheus.NewRegistry())}
+	s.hub = newHub(s)
+	return s
+}
+
 // An idle connection must not keep the queue of its busiest moment: 15,000
 // idle connections each holding an emptied map of a team's changes was a
 // fifth of the server's heap.
 func TestEmptiedOutboxHoldsNoMemory(t *testing.T) {
-	s := &Server{cfg: Config{MaxPending: 10000}, metrics: newMetrics(prometheus.NewRegistry())}
+	s := socketlessServer()
 	newClient := func() *client {
 		c := &client{srv: s}
 		c.closed.Store(true) // writes become no-ops: no socket here
@@ -54,9 +63,7 @@ func TestEmptiedOutboxHoldsNoMemory(t *testing.T) {
 // A subject the snapshot covered, pushed again later, is listed once: the
 // flush writes each pending change once.
 func TestSnapshotForgetsCoveredSubjectsPlaces(t *testing.T) {
-	s := &Server{cfg: Config{MaxPending: 10000}, metrics: newMetrics(prometheus.NewRegistry())}
-	s.hub = newHub(s) // collects the dirty list; no flusher runs
-	c := &client{srv: s}
+	c := &client{srv: socketlessServer()}
 	c.closed.Store(true) // writes become no-ops: no socket here
 	c.push(protocol.Change{UserID: "a", State: protocol.StateOnline, Version: 5}, false)
 	c.push(protocol.Change{UserID: "b", State: protocol.StateOnline, Version: 5}, false)
