@@ -74,6 +74,7 @@ type serveOptions struct {
 	apiKey            string
 	logLevel          string
 	pprofAddr         string
+	maxConnecting     int
 }
 
 func serveFlags(o *serveOptions) *flag.FlagSet {
@@ -88,6 +89,7 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs.StringVar(&o.jwtSecret, "jwt-secret", "", "HS256 secret for client tokens; unset = dev mode")
 	fs.StringVar(&o.apiKey, "api-key", "", "bearer key required on the HTTP API (all /v1 routes but /v1/connect)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.IntVar(&o.maxConnecting, "max-connecting", 64, "connects a node registers at once; more wait up to 3s, then get 503")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060); off when empty")
 	return fs
 }
@@ -127,6 +129,8 @@ func (o *serveOptions) validate() error {
 		return fmt.Errorf("--ttl (%v) must exceed --heartbeat-interval (%v)", o.ttl, o.heartbeatInterval)
 	case o.grace < 0:
 		return fmt.Errorf("--offline-grace must not be negative, got %v", o.grace)
+	case o.maxConnecting < 1:
+		return fmt.Errorf("--max-connecting must be at least 1, got %d", o.maxConnecting)
 	}
 	switch o.storeKind {
 	case "memory":
@@ -194,6 +198,7 @@ func serve(args []string, stderr io.Writer) error {
 		Grace:             o.grace,
 		JWTSecret:         o.jwtSecret,
 		APIKey:            o.apiKey,
+		MaxConnecting:     o.maxConnecting,
 		Static:            greendot.DemoHandler(),
 		Logger:            log,
 	})

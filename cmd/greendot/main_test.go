@@ -24,7 +24,7 @@ func TestFlagsReadEnvironmentAndFlagsWin(t *testing.T) {
 	if o.addr != ":7000" || o.ttl != 40*time.Second || o.heartbeatInterval != 15*time.Second || o.jwtSecret != "s3" {
 		t.Fatalf("options = %+v", o)
 	}
-	if o.grace != 5*time.Second || o.storeKind != "memory" {
+	if o.grace != 5*time.Second || o.storeKind != "memory" || o.maxConnecting != 64 {
 		t.Fatalf("defaults lost: %+v", o)
 	}
 }
@@ -52,6 +52,7 @@ func TestNonsenseRefusesToStart(t *testing.T) {
 		{"--store", "redis", "--redis-url", "redis://127.0.0.1:1"},
 		{"--store", "redis", "--redis-url", "http://nope"},
 		{"--heartbeat-interval", "0s"},
+		{"--max-connecting", "0"},
 		{"stray"},
 	} {
 		var out bytes.Buffer
