@@ -2,6 +2,8 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
+	"hash/crc32"
 	"testing"
 	"time"
 
@@ -67,7 +69,24 @@ func TestStatesAgreeWithPresence(t *testing.T) {
 	if err := s.SetStatus(ctx, "c2", false); err != nil {
 		t.Fatal(err)
 	}
+	// Enough users to spread over most shards; every third one left.
 	ids := []string{"bob", "amy", "nobody"}
+	for i := range 60 {
+		u := fmt.Sprint("user-", i)
+		ids = append(ids, u)
+		if err := s.Connect(ctx, presence.Conn{ID: "k" + u, UserID: u, Device: "web"}); err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 0 {
+			if err := s.Disconnect(ctx, "k"+u, presence.Closed); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Data written before the shards' copies existed: read from the user's own hash.
+	if n, err := r.Do("HDEL", fmt.Sprintf("gd:{gd%d}:sv", crc32.ChecksumIEEE([]byte("bob"))%32), "bob"); err != nil || n != "1" {
+		t.Fatalf("HDEL bob's copy: %q, %v", n, err)
+	}
 	full, err := s.Presence(ctx, ids)
 	if err != nil {
 		t.Fatal(err)

@@ -39,6 +39,9 @@ local function publish_if_changed(user, out)
   if cur == 0 then redis.call('INCR', P .. 'present') elseif s == 0 then redis.call('DECR', P .. 'present') end
   local v = math.max(num(redis.call('HGET', u, 'v')) + 1, NOW_US)
   redis.call('HSET', u, 's', s, 'v', fmt(v))
+  -- The shard's copy of every user's state and version, so that a snapshot
+  -- reads a shard's users with one HMGET instead of one per user.
+  redis.call('HSET', P .. 'sv', user, s .. ':' .. fmt(v))
   local teams = redis.call('SMEMBERS', P .. 'ut:' .. user)
   table.insert(out.changes, {user, s, fmt(v), NOW_MS, teams})
 end
