@@ -239,12 +239,12 @@ func (s *Store) retryPublish(ctx context.Context) {
 }
 
 // States reads only the state and version of each user: what a snapshot
-// needs. Every shard keeps a copy of its users' states and versions in one
-// hash (sv), so a snapshot costs one HMGET per shard it touches (at most
-// numShards, pipelined) instead of one per user: 99 commands per connect
-// were most of Redis's work in a reconnect storm. Users the copy lacks (data
-// written before it existed, or users never seen) are read from their own
-// hashes.
+// needs. The scripts keep a copy of each user's state and version in a
+// string key (sv:<user>), so a snapshot costs one MGET per shard it touches
+// (at most numShards, pipelined) instead of one HMGET per user: 99 commands
+// per connect were most of Redis's work in a reconnect storm. Users the copy
+// lacks (data written before it existed, or users never seen) are read from
+// their own hashes.
 func (s *Store) States(ctx context.Context, userIDs []string) ([]presence.Presence, error) {
 	out := make([]presence.Presence, len(userIDs))
 	if len(userIDs) == 0 {
@@ -263,11 +263,11 @@ func (s *Store) States(ctx context.Context, userIDs []string) ([]presence.Presen
 	}
 	reads := make([]shardRead, 0, len(byShard))
 	for sh, idx := range byShard {
-		fields := make([]string, len(idx))
+		keys := make([]string, len(idx))
 		for k, i := range idx {
-			fields[k] = userIDs[i]
+			keys[k] = prefix(sh) + "sv:" + userIDs[i]
 		}
-		reads = append(reads, shardRead{idx, pipe.HMGet(ctx, prefix(sh)+"sv", fields...)})
+		reads = append(reads, shardRead{idx, pipe.MGet(ctx, keys...)})
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))

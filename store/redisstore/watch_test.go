@@ -84,7 +84,7 @@ func TestStatesAgreeWithPresence(t *testing.T) {
 		}
 	}
 	// Data written before the shards' copies existed: read from the user's own hash.
-	if n, err := r.Do("HDEL", fmt.Sprintf("gd:{gd%d}:sv", crc32.ChecksumIEEE([]byte("bob"))%32), "bob"); err != nil || n != "1" {
+	if n, err := r.Do("DEL", fmt.Sprintf("gd:{gd%d}:sv:bob", crc32.ChecksumIEEE([]byte("bob"))%32)); err != nil || n != "1" {
 		t.Fatalf("HDEL bob's copy: %q, %v", n, err)
 	}
 	full, err := s.Presence(ctx, ids)

@@ -19,7 +19,7 @@ end
 local u = P .. 'u:' .. user
 if user ~= '' and redis.call('EXISTS', u) == 0 and redis.call('HLEN', P .. 'uc:' .. user) == 0 then
   redis.call('HSET', u, 's', 1, 'v', fmt(NOW_US), 'seen', fmt(NOW_MS))
-  redis.call('HSET', P .. 'sv', user, '1:' .. fmt(NOW_US))
+  redis.call('SET', P .. 'sv:' .. user, '1:' .. fmt(NOW_US))
   local g = NOW_MS + tonumber(ARGV[5])
   redis.call('HSET', u, 'grace', fmt(g))
   redis.call('ZADD', P .. 'grace', g, user)
