@@ -530,3 +530,21 @@ func TestConnectsAreAdmittedAtABoundedRate(t *testing.T) {
 		t.Fatal("the overloaded rejection is not counted")
 	}
 }
+
+// A broken handshake gets a JSON error like every other refusal.
+func TestBadHandshakeHeadersGetJSONErrors(t *testing.T) {
+	ts := startServer(t)
+	good := "dGhlIHNhbXBsZSBub25jZQ=="
+	for name, h := range map[string][]string{
+		"no key":         {"Sec-WebSocket-Version", "13"},
+		"key not base64": {"Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "not base64!"},
+		"key too short":  {"Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "c2hvcnQ="},
+		"version 8":      {"Sec-WebSocket-Version", "8", "Sec-WebSocket-Key", good},
+		"no version":     {"Sec-WebSocket-Key", good},
+	} {
+		code, body := ts.do("GET", "/v1/connect?user=alice", "", append([]string{"Connection", "Upgrade", "Upgrade", "websocket"}, h...)...)
+		if code != http.StatusBadRequest || !strings.Contains(body, `"code":"bad_request"`) {
+			t.Errorf("%s: %d %q, want a JSON 400 bad_request", name, code, body)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -75,6 +76,19 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	if !websocketRequest(r) {
 		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
 		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "expected a WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)")
+		return
+	}
+	// Checked here so that the answer is JSON like every other error; the
+	// upgrader would answer these in plain text.
+	if !headerHas(r.Header, "Sec-WebSocket-Version", "13") {
+		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
+		w.Header().Set("Sec-WebSocket-Version", "13")
+		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "unsupported WebSocket version; this server speaks 13")
+		return
+	}
+	if key, err := base64.StdEncoding.DecodeString(r.Header.Get("Sec-WebSocket-Key")); err != nil || len(key) != 16 {
+		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
+		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "Sec-WebSocket-Key must be 16 random bytes in base64")
 		return
 	}
 	device := "web"
