@@ -409,7 +409,7 @@ func (c *Client) run(s *session) {
 			if c.ctx.Err() != nil {
 				return
 			}
-			next = StateChange{State: Disconnected, Err: err, Retry: c.backoff(&attempt), Attempt: attempt}
+			next = StateChange{State: Disconnected, Err: err, Retry: c.retryDelay(err, &attempt), Attempt: attempt}
 		}
 	}
 }
@@ -475,6 +475,18 @@ func (c *Client) afterSession(end sessionEnd, attempt *int) StateChange {
 		delay = c.backoff(attempt)
 	}
 	return StateChange{State: Disconnected, Err: end.cause, CloseCode: code, Retry: delay, Attempt: *attempt}
+}
+
+// retryDelay is the backoff after a failed connect, but no sooner than the
+// server's Retry-After (plus up to as much again, so that the refused do not
+// all come back together), within ReconnectMax.
+func (c *Client) retryDelay(err error, attempt *int) time.Duration {
+	d := c.backoff(attempt)
+	var ra *retryAfterError
+	if errors.As(err, &ra) {
+		d = max(d, ra.after+rand.N(ra.after))
+	}
+	return min(d, c.opts.ReconnectMax)
 }
 
 // backoff returns the delay for attempt and counts it.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -775,5 +776,48 @@ func TestLeadingType(t *testing.T) {
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("leadingType(%s) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// A handshake refused with 503 and Retry-After is retried no sooner than
+// the server asked, though the backoff alone would come back at once.
+func TestRetryAfterIsHonoured(t *testing.T) {
+	var mu sync.Mutex
+	var attempts []time.Time
+	fs := newRefusingFakeServer(t, func(n int, w http.ResponseWriter) bool {
+		mu.Lock()
+		attempts = append(attempts, time.Now())
+		mu.Unlock()
+		if n != 1 { // the first reconnect is refused
+			return false
+		}
+		w.Header().Set("Retry-After", "1")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":{"code":"unavailable","message":"too many connects in progress; retry with backoff"}}`))
+		return true
+	}, func(n int, c *fakeConn) {
+		c.hello(10000, 25000)
+		if n == 0 {
+			return // drop the first connection at once
+		}
+		c.drain()
+	})
+	opts := testOptions(t, "alice") // backoff base 50 ms, max 500 ms
+	opts.ReconnectMax = 5 * time.Second
+	dial(t, fs.url(), opts)
+	checkFor(t, 10*time.Second, func() error {
+		if fs.connections() < 2 {
+			return fmt.Errorf("%d connections", fs.connections())
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(attempts) < 3 {
+		t.Fatalf("%d attempts", len(attempts))
+	}
+	if gap := attempts[2].Sub(attempts[1]); gap < time.Second || gap > 2500*time.Millisecond {
+		t.Fatalf("retried %v after a 503 with Retry-After: 1, want 1-2 s", gap)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -381,11 +382,21 @@ type fakeConn struct {
 }
 
 func newFakeServer(t testing.TB, script func(n int, c *fakeConn)) *fakeServer {
+	return newRefusingFakeServer(t, nil, script)
+}
+
+// newRefusingFakeServer is newFakeServer whose refuse may answer handshake
+// attempt n (0, 1, …) itself instead of accepting it.
+func newRefusingFakeServer(t testing.TB, refuse func(n int, w http.ResponseWriter) bool, script func(n int, c *fakeConn)) *fakeServer {
 	fs := &fakeServer{}
 	fs.ctx, fs.cancel = context.WithCancel(context.Background())
+	var attempts atomic.Int64
 	fs.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fs.wg.Add(1)
 		defer fs.wg.Done()
+		if refuse != nil && refuse(int(attempts.Add(1)-1), w) {
+			return
+		}
 		conn, err := websocket.Accept(w, r, nil)
 		if err != nil {
 			return

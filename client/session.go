@@ -148,8 +148,22 @@ func handshakeError(resp *http.Response, err error) error {
 	if resp.StatusCode == http.StatusUnauthorized {
 		return fmt.Errorf("%w: %s", ErrUnauthorized, msg)
 	}
-	return fmt.Errorf("client: connect: HTTP %d: %s: %w", resp.StatusCode, msg, err)
+	err = fmt.Errorf("client: connect: HTTP %d: %s: %w", resp.StatusCode, msg, err)
+	if secs, perr := strconv.Atoi(resp.Header.Get("Retry-After")); perr == nil && secs > 0 {
+		return &retryAfterError{err: err, after: time.Duration(secs) * time.Second}
+	}
+	return err
 }
+
+// retryAfterError is a refused handshake whose server said when to retry
+// (a node shedding a reconnect storm answers 503 with Retry-After).
+type retryAfterError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryAfterError) Error() string { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error { return e.err }
 
 // readFrame reads one frame that must be of type want into v.
 func readFrame(ctx context.Context, conn *websocket.Conn, want string, v any) (time.Time, error) {
