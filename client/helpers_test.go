@@ -23,6 +23,7 @@ import (
 	"github.com/coder/websocket"
 	"go.uber.org/goleak"
 
+	"github.com/greendot/greendot/internal/testwait"
 	"github.com/greendot/greendot/protocol"
 )
 
@@ -75,22 +76,8 @@ func buildServer(dir string) (string, error) {
 	return bin, nil
 }
 
-// checkFor polls f until it returns nil or timeout passes, then fails the
-// test with f's last error.
-func checkFor(t testing.TB, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", timeout, err)
-		}
-		time.Sleep(15 * time.Millisecond)
-	}
-}
+// checkFor polls f until it returns nil or d has passed.
+var checkFor = testwait.For
 
 // testServer is a greendot process on a free port of 127.0.0.1.
 type testServer struct {

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/greendot/greendot/client"
+	"github.com/greendot/greendot/internal/testwait"
 )
 
 var binary string
@@ -225,20 +226,8 @@ func (v *viewer) still(d time.Duration, want ...string) {
 	}
 }
 
-func checkFor(t *testing.T, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
+// checkFor polls f until it returns nil or d has passed.
+var checkFor = testwait.For
 
 func freeAddr(t *testing.T) string {
 	t.Helper()

@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 	"go.uber.org/goleak"
 
+	"github.com/greendot/greendot/internal/testwait"
 	"github.com/greendot/greendot/server"
 	"github.com/greendot/greendot/store/memstore"
 )
@@ -373,20 +374,7 @@ func snapshotUsers(f frame) map[string]string {
 }
 
 // checkFor polls f until it returns nil or d has passed.
-func checkFor(t *testing.T, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+var checkFor = testwait.For
 
 func (ts *testServer) presenceOf(user string) map[string]any {
 	ts.t.Helper()

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/testwait"
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
 )
@@ -418,17 +419,4 @@ func mustDo(t *testing.T, err error) {
 }
 
 // checkFor polls f until it returns nil or d has passed.
-func checkFor(t *testing.T, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+var checkFor = testwait.For
