@@ -262,6 +262,22 @@ func (s *Store) recover(ctx context.Context) error {
 			}
 		}
 		s.m.reassertions.Add(float64(len(all)))
+		// A connection closed while being re-asserted may have been ended
+		// in Redis before the re-assertion wrote it back, and reconcile
+		// keeps it (its deadline is fresh): end it again, as reassert does.
+		// Its local entry went before its script ran, so checking now
+		// catches every such one.
+		var gone []entry
+		s.mu.Lock()
+		for _, e := range all {
+			if _, live := s.conns[e.id]; !live {
+				gone = append(gone, e)
+			}
+		}
+		s.mu.Unlock()
+		for _, e := range gone {
+			s.endInRedis(ctx, e.id, e.c.user)
+		}
 	}
 	// Live ids as they are now: connections made while re-asserting stay.
 	s.mu.Lock()
