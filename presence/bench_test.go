@@ -15,8 +15,14 @@ var start = time.Unix(1_764_500_000, 0)
 
 func crowd(b *testing.B, grace time.Duration) *presence.Tracker {
 	b.Helper()
+	return crowdWith(b, presence.Config{Grace: grace})
+}
+
+func crowdWith(b *testing.B, cfg presence.Config) *presence.Tracker {
+	b.Helper()
 	// A ttl no iteration reaches: the crowd stays present throughout.
-	tr := presence.NewTracker(presence.Config{TTL: 10000 * time.Hour, Grace: grace})
+	cfg.TTL = 10000 * time.Hour
+	tr := presence.NewTracker(cfg)
 	for i := range 10000 {
 		id := "u" + strconv.Itoa(i)
 		if _, err := tr.Connect(start, presence.Conn{ID: "c" + id, UserID: id, Device: "web"}); err != nil {
@@ -50,6 +56,25 @@ func BenchmarkReconnectWithinGrace(b *testing.B) {
 func BenchmarkOnlineOffline(b *testing.B) {
 	const grace = time.Second
 	tr := crowd(b, grace)
+	now := start
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(time.Millisecond)
+		out, _ := tr.Connect(now, presence.Conn{ID: "c", UserID: "bob", Device: "web"})
+		_, _ = tr.Disconnect(now, "c", presence.Closed)
+		now = now.Add(grace)
+		off := tr.Advance(now)
+		if len(out.Changes) != 1 || len(off.Changes) != 1 {
+			b.Fatalf("%d changes, then %d; want 1 and 1", len(out.Changes), len(off.Changes))
+		}
+	}
+}
+
+// As BenchmarkOnlineOffline, with forgetting on (the default 720h): each
+// offline queues the user to be forgotten, each comeback takes it out.
+func BenchmarkOnlineOfflineForgetting(b *testing.B) {
+	const grace = time.Second
+	tr := crowdWith(b, presence.Config{Grace: grace, ForgetAfter: 720 * time.Hour})
 	now := start
 	b.ReportAllocs()
 	for b.Loop() {

@@ -13,7 +13,10 @@
 //   - a connection is live while it is heard from within the TTL;
 //   - when the last connection ends the user stays as they were for the
 //     offline grace; a new connection in that window cancels it silently;
-//   - every observable change increments the user's version.
+//   - every observable change increments the user's version;
+//   - a user offline for Config.ForgetAfter is forgotten (reported as never
+//     seen); versions start above every forgotten user's, so one who comes
+//     back still publishes newer versions than viewers hold.
 //
 // The Redis store implements the same rules in Lua; the store conformance
 // suite checks that both agree.

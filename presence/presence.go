@@ -90,10 +90,16 @@ type Outcome struct {
 	// ExpiryLag is, per expired connection, how late past its deadline it was
 	// noticed; callers export it as offline-detection lag.
 	ExpiryLag []time.Duration
+	// Forgotten counts users whose state was dropped (Config.ForgetAfter).
+	Forgotten int
 }
 
 // Config sets a Tracker's deadlines.
 type Config struct {
 	TTL   time.Duration // a connection silent this long is dead
 	Grace time.Duration // how long a user without connections stays as they were
+	// ForgetAfter: a user offline this long (counted from the published
+	// offline) is forgotten: queries answer as for a user never seen, and a
+	// later version still exceeds every earlier one. 0 (or less): never.
+	ForgetAfter time.Duration
 }

@@ -2,6 +2,7 @@ package presence
 
 import (
 	"container/heap"
+	"slices"
 	"sort"
 	"time"
 )
@@ -14,11 +15,14 @@ type connEntry struct {
 }
 
 type userEntry struct {
+	id         string
 	conns      []*connEntry // few per user: a slice beats a map
 	published  State        // the state viewers were last told
 	version    uint64
 	lastSeen   time.Time // last sign of life of a connection that has ended
 	graceUntil time.Time // zero unless the user has no connection and is in grace
+	forgetAt   time.Time // when to forget the user; meaningful while forgetIdx >= 0
+	forgetIdx  int       // index in Tracker.forgets; -1 unless offline and due to be forgotten
 }
 
 // Tracker applies the presence rules. It is not safe for concurrent use.
@@ -26,9 +30,14 @@ type Tracker struct {
 	cfg     Config
 	conns   map[string]*connEntry
 	users   map[string]*userEntry
-	expiry  deadlines // connection deadlines, lazily refreshed
-	graces  deadlines // grace ends
-	present int       // users whose published state is not offline
+	expiry  deadlines   // connection deadlines, lazily refreshed
+	graces  deadlines   // grace ends
+	forgets forgetQueue // offline users, by when to forget them
+	present int         // users whose published state is not offline
+	// floor is the highest version a forgotten user had. Every user's
+	// versions start above it, so a user forgotten and seen again publishes
+	// versions newer than any a viewer may still hold.
+	floor uint64
 }
 
 // NewTracker returns an empty Tracker.
@@ -50,6 +59,9 @@ func (t *Tracker) Connect(now time.Time, c Conn) (Outcome, error) {
 	t.conns[c.ID] = ce
 	heap.Push(&t.expiry, deadline{at: ce.deadline, key: c.ID})
 	u := t.user(c.UserID)
+	if u.forgetIdx >= 0 {
+		heap.Remove(&t.forgets, u.forgetIdx) // back before being forgotten
+	}
 	var out Outcome
 	if !u.graceUntil.IsZero() {
 		u.graceUntil = time.Time{}
@@ -108,8 +120,9 @@ func (t *Tracker) DisconnectNode(now time.Time, node string) Outcome {
 	return out
 }
 
-// Advance expires connections whose deadline has passed and ends graces
-// that are over. Each expired or ended entry costs O(log n); nothing scans.
+// Advance expires connections whose deadline has passed, ends graces that
+// are over and forgets users offline for ForgetAfter. Each expired, ended or
+// forgotten entry costs O(log n); nothing scans.
 func (t *Tracker) Advance(now time.Time) Outcome {
 	var out Outcome
 	for t.expiry.Len() > 0 && !t.expiry.peek().at.After(now) {
@@ -133,6 +146,14 @@ func (t *Tracker) Advance(now time.Time) Outcome {
 		u.graceUntil = time.Time{}
 		t.publishIfChanged(now, d.key, u, &out)
 	}
+	// Only users offline with no connection are queued (a connect removes
+	// its user's entry), so whatever is due goes.
+	for t.forgets.Len() > 0 && !t.forgets[0].forgetAt.After(now) {
+		u := heap.Pop(&t.forgets).(*userEntry)
+		delete(t.users, u.id)
+		t.floor = max(t.floor, u.version)
+		out.Forgotten++
+	}
 	return out
 }
 
@@ -148,11 +169,16 @@ func (t *Tracker) NextDeadline() time.Time {
 			next = g
 		}
 	}
+	if t.forgets.Len() > 0 {
+		if f := t.forgets[0].forgetAt; next.IsZero() || f.Before(next) {
+			next = f
+		}
+	}
 	return next
 }
 
-// Presence reports a user's presence; a user never seen is offline with
-// version 0 and a zero LastSeen.
+// Presence reports a user's presence; a user never seen (or forgotten) is
+// offline with version 0 and a zero LastSeen.
 func (t *Tracker) Presence(userID string) Presence {
 	p := Presence{UserID: userID}
 	u, ok := t.users[userID]
@@ -197,7 +223,7 @@ func (t *Tracker) Counts() (conns, present int) {
 func (t *Tracker) user(id string) *userEntry {
 	u, ok := t.users[id]
 	if !ok {
-		u = &userEntry{}
+		u = &userEntry{id: id, version: t.floor, forgetIdx: -1}
 		t.users[id] = u
 	}
 	return u
@@ -206,11 +232,8 @@ func (t *Tracker) user(id string) *userEntry {
 func (t *Tracker) removeLocked(now time.Time, ce *connEntry, cause Cause, out *Outcome) {
 	delete(t.conns, ce.ID)
 	u := t.users[ce.UserID]
-	for i, c := range u.conns {
-		if c == ce {
-			u.conns = append(u.conns[:i], u.conns[i+1:]...)
-			break
-		}
+	if i := slices.Index(u.conns, ce); i >= 0 {
+		u.conns = slices.Delete(u.conns, i, i+1) // clears the freed slot: ce can go
 	}
 	if cause == Expired {
 		out.Expired = append(out.Expired, ce.Conn)
@@ -250,6 +273,14 @@ func (t *Tracker) publishIfChanged(now time.Time, userID string, u *userEntry, o
 	u.published = s
 	u.version++
 	out.Changes = append(out.Changes, Change{UserID: userID, State: s, Version: u.version, At: now})
+	if s == Offline && t.cfg.ForgetAfter > 0 {
+		u.forgetAt = now.Add(t.cfg.ForgetAfter)
+		if u.forgetIdx >= 0 {
+			heap.Fix(&t.forgets, u.forgetIdx)
+		} else {
+			heap.Push(&t.forgets, u)
+		}
+	}
 }
 
 // derive is rule 4: online if any device is active, away if all are idle.
@@ -298,7 +329,34 @@ func (d *deadlines) Push(x any)        { *d = append(*d, x.(deadline)) }
 func (d *deadlines) Pop() any {
 	old := *d
 	x := old[len(old)-1]
+	old[len(old)-1] = deadline{} // the spare capacity must not keep the id
 	*d = old[:len(old)-1]
 	return x
 }
 func (d deadlines) peek() deadline { return d[0] }
+
+// forgetQueue is a min-heap of offline users by forgetAt for container/heap.
+// Each user knows its index, so a comeback removes its entry at once: an
+// entry waits ForgetAfter (days), and lazy removal, as the other heaps do,
+// would keep one per offline published in that time.
+type forgetQueue []*userEntry
+
+func (q forgetQueue) Len() int           { return len(q) }
+func (q forgetQueue) Less(i, j int) bool { return q[i].forgetAt.Before(q[j].forgetAt) }
+func (q forgetQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].forgetIdx, q[j].forgetIdx = i, j
+}
+func (q *forgetQueue) Push(x any) {
+	u := x.(*userEntry)
+	u.forgetIdx = len(*q)
+	*q = append(*q, u)
+}
+func (q *forgetQueue) Pop() any {
+	old := *q
+	u := old[len(old)-1]
+	old[len(old)-1] = nil // the spare capacity must not keep the user alive
+	*q = old[:len(old)-1]
+	u.forgetIdx = -1
+	return u
+}

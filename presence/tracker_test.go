@@ -2,8 +2,10 @@ package presence
 
 import (
 	"errors"
+	"runtime"
 	"testing"
 	"time"
+	"weak"
 )
 
 const (
@@ -271,5 +273,155 @@ func BenchmarkConnectDisconnect(b *testing.B) {
 		_, _ = tr.Connect(now, Conn{ID: "c", UserID: "bob", Device: "web"})
 		_, _ = tr.Disconnect(now, "c", Closed)
 		tr.Advance(now)
+	}
+}
+
+const forgetAfter = 720 * time.Hour
+
+func newForgettingWorld(t *testing.T) *world {
+	return &world{t: t, tr: NewTracker(Config{TTL: ttl, Grace: grace, ForgetAfter: forgetAfter}), now: t0}
+}
+
+// goOffline takes user from a new connection to a published offline and
+// returns the offline's version.
+func (w *world) goOffline(id, user string) uint64 {
+	w.t.Helper()
+	w.connect(id, user, "web")
+	w.disconnect(id)
+	out := w.advance(grace)
+	expectChanges(w.t, out, user+"=offline")
+	return out.Changes[0].Version
+}
+
+func expectForgotten(t *testing.T, tr *Tracker, user string) {
+	t.Helper()
+	p := tr.Presence(user)
+	if p.State != Offline || p.Version != 0 || !p.LastSeen.IsZero() || p.ConnectionCount != 0 || len(p.Devices) != 0 {
+		t.Fatalf("%s = %+v, want as never seen", user, p)
+	}
+	if s, v := tr.State(user); s != Offline || v != 0 {
+		t.Fatalf("state of %s = %v v%d, want offline v0", user, s, v)
+	}
+	if _, ok := tr.users[user]; ok {
+		t.Fatalf("%s is still held", user)
+	}
+}
+
+func TestForgottenAfterOfflineForForgetAfter(t *testing.T) {
+	w := newForgettingWorld(t)
+	w.connect("c1", "bob", "web")
+	w.status("c1", false)
+	w.disconnect("c1")
+	expectChanges(t, w.advance(grace), "bob=offline")
+	offlineAt := w.now
+	w.advance(ttl) // past the closed connection's stale heap entry
+	if got := w.tr.NextDeadline(); !got.Equal(offlineAt.Add(forgetAfter)) {
+		t.Fatalf("next deadline = %v, want the offline plus forget-after %v", got, offlineAt.Add(forgetAfter))
+	}
+	out := w.advance(offlineAt.Add(forgetAfter - time.Millisecond).Sub(w.now))
+	if p := w.tr.Presence("bob"); out.Forgotten != 0 || p.Version != 3 || p.LastSeen.IsZero() {
+		t.Fatalf("forgotten too early: %+v, %+v", out, p)
+	}
+	out = w.advance(time.Millisecond)
+	expectChanges(t, out) // forgetting publishes nothing
+	if out.Forgotten != 1 {
+		t.Fatalf("forgotten = %d, want 1", out.Forgotten)
+	}
+	expectForgotten(t, w.tr, "bob")
+	if w.tr.forgets.Len() != 0 || !w.tr.NextDeadline().IsZero() {
+		t.Fatalf("%d users still queued, next deadline %v", w.tr.forgets.Len(), w.tr.NextDeadline())
+	}
+	// Back: a version above the forgotten one, which viewers may hold.
+	out = w.connect("c2", "bob", "web")
+	expectChanges(t, out, "bob=online")
+	if v := out.Changes[0].Version; v <= 3 {
+		t.Fatalf("version after coming back = %d, want above 3", v)
+	}
+}
+
+func TestComebackCancelsForgetting(t *testing.T) {
+	w := newForgettingWorld(t)
+	w.goOffline("c1", "bob")
+	w.advance(forgetAfter / 2)
+	expectChanges(t, w.connect("c2", "bob", "web"), "bob=online")
+	if w.tr.forgets.Len() != 0 {
+		t.Fatalf("a comeback left %d entries queued", w.tr.forgets.Len())
+	}
+	w.disconnect("c2")
+	expectChanges(t, w.advance(grace), "bob=offline") // armed again, from now
+	again := w.now
+	if out := w.advance(forgetAfter/2 + time.Hour); out.Forgotten != 0 || w.tr.Presence("bob").LastSeen.IsZero() {
+		t.Fatalf("forgotten at the first offline's deadline: %+v", out)
+	}
+	if out := w.advance(again.Add(forgetAfter).Sub(w.now)); out.Forgotten != 1 {
+		t.Fatalf("forgotten = %d at the second offline's deadline", out.Forgotten)
+	}
+	expectForgotten(t, w.tr, "bob")
+}
+
+func TestOnlyOfflineUsersAreForgotten(t *testing.T) {
+	w := newForgettingWorld(t)
+	w.connect("c1", "amy", "web") // online throughout, heard from
+	w.connect("c2", "bob", "web")
+	w.disconnect("c2") // in grace when the clock jumps
+	for i := 0; i < 3; i++ {
+		w.now = w.now.Add(forgetAfter)
+		if err := w.tr.Heartbeat(w.now, "c1"); err != nil {
+			t.Fatal(err)
+		}
+		w.tr.Advance(w.now)
+	}
+	if p := w.tr.Presence("amy"); p.State != Online || p.Version != 1 {
+		t.Fatalf("amy = %+v", p)
+	}
+	// bob's offline came at the grace end: forgotten one forget-after later.
+	expectForgotten(t, w.tr, "bob")
+}
+
+func TestForgettingReleasesEverythingPerUser(t *testing.T) {
+	w := newForgettingWorld(t)
+	w.connect("c1", "bob", "web")
+	w.connect("c2", "bob", "ios")
+	user, conn := weak.Make(w.tr.users["bob"]), weak.Make(w.tr.conns["c2"])
+	w.disconnect("c1")
+	w.disconnect("c2")
+	w.advance(grace)
+	runtime.GC()
+	if conn.Value() != nil {
+		t.Fatal("an ended connection is still reachable while its user is remembered")
+	}
+	w.advance(forgetAfter)
+	expectForgotten(t, w.tr, "bob")
+	runtime.GC()
+	if user.Value() != nil || conn.Value() != nil {
+		t.Fatal("the forgotten user's entries are still reachable")
+	}
+	runtime.KeepAlive(w.tr) // the tracker must live on for the check to mean anything
+}
+
+func TestVersionsOfForgottenUsersNeverGoBack(t *testing.T) {
+	w := newForgettingWorld(t)
+	var bob uint64
+	for i := 0; i < 3; i++ {
+		bob = w.goOffline("b", "bob")
+	}
+	amy := w.goOffline("a", "amy")
+	w.advance(forgetAfter)
+	expectForgotten(t, w.tr, "bob")
+	expectForgotten(t, w.tr, "amy")
+	for user, last := range map[string]uint64{"bob": bob, "amy": amy} {
+		out := w.connect("again-"+user, user, "web")
+		if len(out.Changes) != 1 || out.Changes[0].Version <= last {
+			t.Fatalf("%s back with %+v, after version %d", user, out.Changes, last)
+		}
+	}
+}
+
+func TestForgetAfterZeroNeverForgets(t *testing.T) {
+	w := newWorld(t)
+	v := w.goOffline("c1", "bob")
+	w.advance(100 * forgetAfter)
+	if p := w.tr.Presence("bob"); p.Version != v || p.LastSeen.IsZero() || w.tr.forgets.Len() != 0 {
+		t.Fatalf("bob = %+v, %d queued", p, w.tr.forgets.Len())
 	}
 }
