@@ -15,12 +15,15 @@ import (
 )
 
 // Config configures a Store. The zero value works: a 25 s TTL, no grace,
-// the wall clock and no observer.
+// nothing forgotten, the wall clock and no observer.
 type Config struct {
-	TTL      time.Duration
-	Grace    time.Duration    // 0: offline is published as soon as the last connection ends
-	Now      func() time.Time // injected clock; time.Now when nil
-	Observer store.Observer
+	TTL   time.Duration
+	Grace time.Duration // 0: offline is published as soon as the last connection ends
+	// ForgetAfter: a user offline this long is forgotten (answered as never
+	// seen; team membership is kept). 0: never; else at least Grace.
+	ForgetAfter time.Duration
+	Now         func() time.Time // injected clock; time.Now when nil
+	Observer    store.Observer
 }
 
 // Store is the in-memory store.
@@ -42,9 +45,11 @@ type Store struct {
 }
 
 var (
-	_ store.Store      = (*Store)(nil)
-	_ store.Pinger     = (*Store)(nil)
-	_ store.Observable = (*Store)(nil)
+	_ store.Store       = (*Store)(nil)
+	_ store.Pinger      = (*Store)(nil)
+	_ store.Observable  = (*Store)(nil)
+	_ store.StateReader = (*Store)(nil)
+	_ store.Counter     = (*Store)(nil)
 )
 
 // New returns an empty Store.
@@ -55,13 +60,16 @@ func New(cfg Config) (*Store, error) {
 	if cfg.TTL < 0 || cfg.Grace < 0 {
 		return nil, errors.New("memstore: ttl and grace must not be negative")
 	}
+	if cfg.ForgetAfter < 0 || (cfg.ForgetAfter > 0 && cfg.ForgetAfter < cfg.Grace) {
+		return nil, errors.New("memstore: forget-after must be 0 (never) or at least the grace")
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	return &Store{
 		now:     cfg.Now,
 		obs:     cfg.Observer,
-		tracker: presence.NewTracker(presence.Config{TTL: cfg.TTL, Grace: cfg.Grace}),
+		tracker: presence.NewTracker(presence.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter}),
 		teams:   make(map[string]map[string]struct{}),
 		userOf:  make(map[string]map[string]struct{}),
 		sorted:  make(map[string][]string),

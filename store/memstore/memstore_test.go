@@ -1,8 +1,13 @@
 package memstore_test
 
 import (
+	"context"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
 	"github.com/greendot/greendot/store/memstore"
 	"github.com/greendot/greendot/store/storetest"
@@ -10,10 +15,127 @@ import (
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
-		s, err := memstore.New(memstore.Config{TTL: cfg.TTL, Grace: cfg.Grace})
+		s, err := memstore.New(memstore.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s
 	})
+}
+
+// clock is a clock the test moves.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// changes records published changes.
+type changes struct {
+	mu  sync.Mutex
+	got []presence.Change
+}
+
+func (r *changes) OnPresence(ev store.PresenceEvent) {
+	r.mu.Lock()
+	r.got = append(r.got, ev.Change)
+	r.mu.Unlock()
+}
+
+func (r *changes) OnMembership(store.MembershipEvent) {}
+
+func (r *changes) last() presence.Change {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.got[len(r.got)-1]
+}
+
+func TestForgetAfterDefaultOnInjectedClock(t *testing.T) {
+	const grace, forgetAfter = 5 * time.Second, 720 * time.Hour
+	ctx := context.Background()
+	c := &clock{now: time.Unix(1_764_500_000, 0)}
+	s, err := memstore.New(memstore.Config{Grace: grace, ForgetAfter: forgetAfter, Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &changes{}
+	s.Subscribe(rec)
+	must(t, s.AddMember(ctx, "t1", "bob"))
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	must(t, s.Disconnect(ctx, "c1", presence.Closed))
+	c.advance(grace)
+	must(t, s.Sweep(ctx))
+	offline := rec.last()
+	if offline.State != presence.Offline {
+		t.Fatalf("last change = %+v, want offline", offline)
+	}
+	c.advance(forgetAfter - time.Millisecond)
+	must(t, s.Sweep(ctx))
+	if p := presenceOf(t, s, "bob"); p.Version != offline.Version || p.LastSeen.IsZero() {
+		t.Fatalf("forgotten early: %+v", p)
+	}
+	c.advance(time.Millisecond)
+	must(t, s.Sweep(ctx))
+	if p := presenceOf(t, s, "bob"); p.State != presence.Offline || p.Version != 0 || !p.LastSeen.IsZero() {
+		t.Fatalf("after forget-after: %+v, want as never seen", p)
+	}
+	if ps, _ := s.States(ctx, []string{"bob"}); ps[0].Version != 0 {
+		t.Fatalf("snapshot state = %+v", ps[0])
+	}
+	if teams, _ := s.TeamsOf(ctx, "bob"); !slices.Equal(teams, []string{"t1"}) {
+		t.Fatalf("teams of bob = %q, want [t1]", teams)
+	}
+	if members, _ := s.Members(ctx, "t1"); !slices.Equal(members, []string{"bob"}) {
+		t.Fatalf("members of t1 = %q, want [bob]", members)
+	}
+	must(t, s.Connect(ctx, presence.Conn{ID: "c2", UserID: "bob", Device: "web"}))
+	if back := rec.last(); back.State != presence.Online || back.Version <= offline.Version {
+		t.Fatalf("back with %+v, after version %d", back, offline.Version)
+	}
+}
+
+func TestForgetAfterNonsenseRefused(t *testing.T) {
+	for _, cfg := range []memstore.Config{
+		{ForgetAfter: -time.Second},
+		{Grace: 5 * time.Second, ForgetAfter: time.Second},
+	} {
+		if _, err := memstore.New(cfg); err == nil {
+			t.Errorf("%+v accepted", cfg)
+		}
+	}
+	for _, cfg := range []memstore.Config{
+		{Grace: 5 * time.Second},                               // 0: never
+		{Grace: 5 * time.Second, ForgetAfter: 5 * time.Second}, // as long as the grace
+	} {
+		if _, err := memstore.New(cfg); err != nil {
+			t.Errorf("%+v: %v", cfg, err)
+		}
+	}
+}
+
+func presenceOf(t *testing.T, s *memstore.Store, user string) presence.Presence {
+	t.Helper()
+	ps, err := s.Presence(context.Background(), []string{user})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps[0]
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
 }

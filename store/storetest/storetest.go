@@ -25,9 +25,10 @@ import (
 
 // Config is what the suite asks of a new store.
 type Config struct {
-	TTL   time.Duration
-	Grace time.Duration
-	Node  string
+	TTL         time.Duration
+	Grace       time.Duration
+	ForgetAfter time.Duration // 0: never forget
+	Node        string
 }
 
 // NewStore returns a fresh, empty store; it is closed by the caller's
@@ -36,8 +37,9 @@ type NewStore func(t *testing.T, cfg Config) store.Store
 
 // Deadlines the suite uses; generous enough for a remote store under -race.
 const (
-	TTL   = 600 * time.Millisecond
-	Grace = 300 * time.Millisecond
+	TTL         = 600 * time.Millisecond
+	Grace       = 300 * time.Millisecond
+	ForgetAfter = time.Second // only for the test of forgetting; the others never forget
 )
 
 // Run runs every conformance test against stores made by newStore.
@@ -62,17 +64,25 @@ func Run(t *testing.T, newStore NewStore) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := &harness{t: t, ctx: context.Background()}
-			h.s = newStore(t, Config{TTL: TTL, Grace: Grace, Node: "node-a"})
-			h.s.Subscribe(h)
-			if w, ok := h.s.(store.Watcher); ok {
-				// A shared store delivers changes only for watched teams.
-				mustDo(t, w.Watch(h.ctx, []string{Everyone, "t1", "t2"}))
-				t.Cleanup(func() { w.Unwatch([]string{Everyone, "t1", "t2"}) })
-			}
-			tt.fn(t, h)
+			tt.fn(t, newHarness(t, newStore, Config{TTL: TTL, Grace: Grace, Node: "node-a"}))
 		})
 	}
+	t.Run("ForgottenAfterForgetAfter", func(t *testing.T) {
+		testForgottenAfterForgetAfter(t, newHarness(t, newStore,
+			Config{TTL: TTL, Grace: Grace, ForgetAfter: ForgetAfter, Node: "node-a"}))
+	})
+}
+
+func newHarness(t *testing.T, newStore NewStore, cfg Config) *harness {
+	h := &harness{t: t, ctx: context.Background()}
+	h.s = newStore(t, cfg)
+	h.s.Subscribe(h)
+	if w, ok := h.s.(store.Watcher); ok {
+		// A shared store delivers changes only for watched teams.
+		mustDo(t, w.Watch(h.ctx, []string{Everyone, "t1", "t2"}))
+		t.Cleanup(func() { w.Unwatch([]string{Everyone, "t1", "t2"}) })
+	}
+	return h
 }
 
 // Everyone is the team every user the suite connects joins first, so that
@@ -373,6 +383,57 @@ func testVersionsIncrease(t *testing.T, h *harness) {
 		if h.changes[i].Version <= h.changes[i-1].Version {
 			t.Fatalf("change %d has version %d after %d", i, h.changes[i].Version, h.changes[i-1].Version)
 		}
+	}
+}
+
+// testForgottenAfterForgetAfter: a user offline for forget-after is answered
+// as never seen, silently, keeps their teams, and on coming back publishes
+// online with a version above the last one they had.
+func testForgottenAfterForgetAfter(t *testing.T, h *harness) {
+	mustDo(t, h.s.AddMember(h.ctx, "t1", "bob"))
+	h.connect("c1", "bob", "web")
+	h.status("c1", false)
+	left := time.Now()
+	h.disconnect("c1")
+	h.expectHistory(Grace+time.Second, "bob=online", "bob=away", "bob=offline")
+	last := h.lastVersion("bob")
+	if p := h.presence("bob"); p.State != presence.Offline || p.Version != last || p.LastSeen.IsZero() {
+		t.Fatalf("just offline: %+v, want remembered at version %d", p, last)
+	}
+	checkFor(t, ForgetAfter+3*time.Second, func() error {
+		if err := h.s.Sweep(h.ctx); err != nil {
+			return err
+		}
+		if p := h.presence("bob"); p.Version != 0 || !p.LastSeen.IsZero() {
+			return fmt.Errorf("bob = %+v, want as never seen", p)
+		}
+		return nil
+	})
+	if d := time.Since(left); d < ForgetAfter {
+		t.Fatalf("forgotten %v after leaving, before forget-after (%v)", d, ForgetAfter)
+	}
+	if p := h.presence("bob"); p.State != presence.Offline || p.ConnectionCount != 0 || len(p.Devices) != 0 {
+		t.Fatalf("forgotten = %+v, want as never seen", p)
+	}
+	if st, ok := h.s.(interface {
+		States(context.Context, []string) ([]presence.Presence, error)
+	}); ok {
+		ps := must(st.States(h.ctx, []string{"bob"}))
+		if ps[0].State != presence.Offline || ps[0].Version != 0 {
+			t.Fatalf("snapshot state of the forgotten = %+v, want offline, version 0", ps[0])
+		}
+	}
+	h.expectHistory(0, "bob=online", "bob=away", "bob=offline") // forgetting is not a change
+	expectList(t, "teams of bob", must(h.s.TeamsOf(h.ctx, "bob")), Everyone, "t1")
+	expectList(t, "members of t1", must(h.s.Members(h.ctx, "t1")), "bob")
+
+	h.connect("c2", "bob", "web")
+	h.expectHistory(time.Second, "bob=online", "bob=away", "bob=offline", "bob=online")
+	if v := h.lastVersion("bob"); v <= last {
+		t.Fatalf("back with version %d, not above the forgotten %d", v, last)
+	}
+	if p := h.presence("bob"); p.State != presence.Online || p.Version != h.lastVersion("bob") {
+		t.Fatalf("back: %+v, last change version %d", p, h.lastVersion("bob"))
 	}
 }
 
