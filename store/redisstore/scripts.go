@@ -17,18 +17,26 @@ import (
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
-// scripts are the atomic transitions, each prefixed with the shared prelude.
+// scripts are the atomic transitions, each prefixed with the shared prelude,
+// and the two halves of a membership change, which name their keys in KEYS.
 type scripts struct {
 	connect, heartbeat, status, disconnect, sweep, beat, presence, reconcile *redis.Script
+	memberUser, memberTeam                                                   *redis.Script
+	floor                                                                    *redis.Script
+
+	forget *redis.Script // not a transition: drops users offline for forget-after
 }
 
 func loadScripts() scripts {
 	prelude := mustRead("prelude")
 	s := func(name string) *redis.Script { return redis.NewScript(prelude + "\n" + mustRead(name)) }
 	return scripts{
+		forget:  s("forget"),
 		connect: s("connect"), heartbeat: s("heartbeat"), status: s("status"),
 		disconnect: s("disconnect"), sweep: s("sweep"), beat: s("beat"),
-		presence: s("presence"), reconcile: s("reconcile"),
+		presence: s("presence"), reconcile: s("reconcile"), floor: s("floor"),
+		memberUser: redis.NewScript(mustRead("member_user")),
+		memberTeam: redis.NewScript(mustRead("member_team")),
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,39 +72,58 @@ func contains(s []string, v string) bool {
 
 func userTeamsKey(user string) string { return prefix(shardOf(user)) + "ut:" + user }
 
-// AddMember implements store.Teams. The user's team set is written first,
-// so a change published meanwhile already names the team.
+// userMVKey holds the user's membership version, in the user's slot.
+func userMVKey(user string) string { return prefix(shardOf(user)) + "mv:" + user }
+
+// teamMVKey holds, per member, the version of the last change applied to
+// the team's member set, in the team's slot.
+func teamMVKey(team string) string { return "gd:{t:" + team + "}:mv" }
+
+// AddMember implements store.Teams.
 func (s *Store) AddMember(ctx context.Context, team, user string) error {
-	// Published when either write changed something, so a retry after a
-	// half-done attempt still tells the viewers.
-	added, err := s.rdb.SAdd(ctx, userTeamsKey(user), team).Result()
-	var added2 int64
-	if err == nil {
-		added2, err = s.rdb.SAdd(ctx, teamKey(team), user).Result()
-	}
-	if err != nil {
-		return s.failed(store.OpMembership, fmt.Errorf("redisstore: add member: %w", errors.Join(ErrUnavailable, err)))
-	}
-	if added == 0 && added2 == 0 {
-		return nil
-	}
-	return s.publishMembership(ctx, team, user, true)
+	return s.membership(ctx, team, user, true)
 }
 
 // RemoveMember implements store.Teams.
 func (s *Store) RemoveMember(ctx context.Context, team, user string) error {
-	removed, err := s.rdb.SRem(ctx, userTeamsKey(user), team).Result()
-	var removed2 int64
+	return s.membership(ctx, team, user, false)
+}
+
+// membership writes a membership on both sides: the user's team set, which
+// the presence scripts read, and the team's member set. On a cluster they
+// live in two slots and cannot change in one atomic step, so the user's
+// side is the one order: its script applies the change and numbers it, and
+// the team's side applies a change only if it is newer than the last one it
+// applied for that member. However calls from many nodes interleave, both
+// sides end with the state of the last call in the user's order. The user's
+// side is written first, so a change published meanwhile already names the
+// team.
+func (s *Store) membership(ctx context.Context, team, user string, join bool) error {
+	what := "remove member"
+	if join {
+		what = "add member"
+	}
+	r, err := run(ctx, s.rdb, s.sc.memberUser, []string{userTeamsKey(user), userMVKey(user)}, team, boolArg(join))
+	var userChanged, teamChanged int64
 	if err == nil {
-		removed2, err = s.rdb.SRem(ctx, teamKey(team), user).Result()
+		reply, _ := r.([]any)
+		if len(reply) != 2 {
+			return fmt.Errorf("redisstore: %s: unexpected reply %v", what, r)
+		}
+		userChanged = toInt(reply[0])
+		var t any
+		t, err = run(ctx, s.rdb, s.sc.memberTeam, []string{teamKey(team), teamMVKey(team)}, user, boolArg(join), toString(reply[1]))
+		teamChanged = toInt(t)
 	}
 	if err != nil {
-		return s.failed(store.OpMembership, fmt.Errorf("redisstore: remove member: %w", errors.Join(ErrUnavailable, err)))
+		return s.failed(store.OpMembership, fmt.Errorf("redisstore: %s: %w", what, errors.Join(ErrUnavailable, err)))
 	}
-	if removed == 0 && removed2 == 0 {
+	// Published when either side changed, so a retry after a half-done
+	// attempt still tells the viewers.
+	if userChanged == 0 && teamChanged == 0 {
 		return nil
 	}
-	return s.publishMembership(ctx, team, user, false)
+	return s.publishMembership(ctx, team, user)
 }
 
 // TeamsOf implements store.Teams.
@@ -140,27 +160,70 @@ type membershipMsg struct {
 	Teams   []string `json:"teams"`
 	State   int      `json:"s"`
 	Version uint64   `json:"v"`
+	// MV is the user's membership version when Teams was read: of two
+	// events about one membership, the one with the higher MV is the newer.
+	MV uint64 `json:"mv,omitempty"`
 }
 
 // membershipChannel is one sharded channel, so membership events reach every
 // node in the order they were published.
 const membershipChannel = "gd:{members}:ev"
 
-func (s *Store) publishMembership(ctx context.Context, team, user string, joined bool) error {
-	teams, err := s.TeamsOf(ctx, user)
-	if err != nil {
-		return err
+// maxMembershipPublishes bounds publishMembership's rounds; only a user
+// whose teams keep changing for that long reaches it.
+const maxMembershipPublishes = 16
+
+// publishMembership publishes the membership as the user's side holds it,
+// read in one step with the user's other teams, not as the call asked: two
+// calls racing on one membership may publish in the opposite order of their
+// writes. After publishing, the user's teams are read again and, if they
+// changed meanwhile, published again. Every call that changes the teams
+// publishes after its write, so the event published last, whoever sends
+// it, tells the final state.
+func (s *Store) publishMembership(ctx context.Context, team, user string) error {
+	teams, mv, err := s.readMembership(ctx, user)
+	for round := 0; err == nil && round < maxMembershipPublishes; round++ {
+		var ps []presence.Presence
+		if ps, err = s.Presence(ctx, []string{user}); err != nil {
+			return err
+		}
+		b, _ := json.Marshal(membershipMsg{Team: team, User: user, Joined: slices.Contains(teams, team),
+			Teams: teams, State: int(ps[0].State), Version: ps[0].Version, MV: mv})
+		if err := s.rdb.SPublish(ctx, membershipChannel, b).Err(); err != nil {
+			return s.failed(store.OpMembership, fmt.Errorf("redisstore: publish membership: %w", errors.Join(ErrUnavailable, err)))
+		}
+		var now []string
+		if now, mv, err = s.readMembership(ctx, user); err == nil && slices.Equal(now, teams) {
+			return nil
+		}
+		teams = now
 	}
-	ps, err := s.Presence(ctx, []string{user})
-	if err != nil {
-		return err
+	if err == nil {
+		s.log.Warn("membership kept changing while published", "team", team)
 	}
-	b, _ := json.Marshal(membershipMsg{Team: team, User: user, Joined: joined, Teams: teams,
-		State: int(ps[0].State), Version: ps[0].Version})
-	if err := s.rdb.SPublish(ctx, membershipChannel, b).Err(); err != nil {
-		return s.failed(store.OpMembership, fmt.Errorf("redisstore: publish membership: %w", errors.Join(ErrUnavailable, err)))
+	return err
+}
+
+// readMembership reads the user's teams, sorted, and membership version in
+// one step.
+func (s *Store) readMembership(ctx context.Context, user string) ([]string, uint64, error) {
+	var teams *redis.StringSliceCmd
+	var mv *redis.StringCmd
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		teams = p.SMembers(ctx, userTeamsKey(user))
+		mv = p.Get(ctx, userMVKey(user))
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return nil, 0, s.failed(store.OpMembership, fmt.Errorf("redisstore: read membership: %w", errors.Join(ErrUnavailable, err)))
 	}
-	return nil
+	ts := teams.Val()
+	sort.Strings(ts)
+	if len(ts) == 0 {
+		ts = nil
+	}
+	v, _ := strconv.ParseUint(mv.Val(), 10, 64)
+	return ts, v, nil
 }
 
 // changeMsg is a presence change on a team channel.

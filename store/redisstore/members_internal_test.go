@@ -1,0 +1,60 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/internal/testwait"
+	"github.com/greendot/greendot/store/redisstore/redistest"
+)
+
+// A team-side write that arrives after a newer one for the same member (a
+// slow node's add overtaken by a remove) changes nothing; a newer one does.
+func TestTeamSideIgnoresOlderChange(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", time.Second, 0)
+	must(t, s.AddMember(ctx, "t1", "bob"))
+	added, err := r.Do("HGET", teamMVKey("t1"), "bob")
+	must(t, err)
+	must(t, s.RemoveMember(ctx, "t1", "bob"))
+	team := func(join bool, version string) int64 {
+		t.Helper()
+		v, err := run(ctx, s.rdb, s.sc.memberTeam, []string{teamKey("t1"), teamMVKey("t1")}, "bob", boolArg(join), version)
+		must(t, err)
+		return toInt(v)
+	}
+	if changed := team(true, added); changed != 0 {
+		t.Fatalf("the add's write, replayed after the remove, changed the member set")
+	}
+	if members, _ := s.Members(ctx, "t1"); len(members) != 0 {
+		t.Fatalf("members of t1 = %v after a stale add, want none", members)
+	}
+	if changed := team(true, "99999999999999999"); changed != 1 {
+		t.Fatalf("a newer add did not change the member set")
+	}
+}
+
+// An event is published with the state the user's side holds, not with what
+// the publishing call asked: a call whose publish comes late does not undo
+// the one after it.
+func TestLatePublishTellsCurrentState(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, h := mk(t, r.URL(), "a", time.Second, 0)
+	must(t, s.AddMember(ctx, "t1", "bob"))
+	must(t, s.RemoveMember(ctx, "t1", "bob"))
+	must(t, s.publishMembership(ctx, "t1", "bob")) // the add's publish, late
+	testwait.For(t, 2*time.Second, func() error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		want := []string{"t1 bob true", "t1 bob false", "t1 bob false"}
+		if !slices.Equal(h.mem, want) {
+			return fmt.Errorf("membership events %q, want %q", h.mem, want)
+		}
+		return nil
+	})
+}
