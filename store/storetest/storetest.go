@@ -59,6 +59,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"NeverSeenUser", testNeverSeenUser},
 		{"Membership", testMembership},
 		{"MembershipEvents", testMembershipEvents},
+		{"ConcurrentMembership", testConcurrentMembership},
 		{"ChangeCarriesTeams", testChangeCarriesTeams},
 		{"VersionsIncrease", testVersionsIncrease},
 	}
@@ -353,6 +354,75 @@ func testMembershipEvents(t *testing.T, h *harness) {
 		}
 		if !slices.Equal(got, want) {
 			return fmt.Errorf("membership events = %q, want %q", got, want)
+		}
+		return nil
+	})
+}
+
+// testConcurrentMembership races an add and a remove of each membership,
+// as nodes serving API calls at once would. Afterwards a user's teams and
+// the teams' members must agree, every membership event must describe one
+// moment (joined exactly when its user's teams name the team), and the last
+// event of each membership must tell its final state.
+func testConcurrentMembership(t *testing.T, h *harness) {
+	const users, teams, rounds = 10, 3, 10
+	user := func(i int) string { return fmt.Sprint("racer", i) }
+	team := func(j int) string { return fmt.Sprint("race", j) }
+	final := make(map[[2]string]bool) // {user, team} → member
+	for r := 0; r < rounds; r++ {
+		var wg sync.WaitGroup
+		errs := make(chan error, 2*users*teams)
+		for i := 0; i < users; i++ {
+			for j := 0; j < teams; j++ {
+				wg.Add(2)
+				go func() { defer wg.Done(); errs <- h.s.AddMember(h.ctx, team(j), user(i)) }()
+				go func() { defer wg.Done(); errs <- h.s.RemoveMember(h.ctx, team(j), user(i)) }()
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			mustDo(t, err)
+		}
+		members := make([][]string, teams)
+		for j := range members {
+			members[j] = must(h.s.Members(h.ctx, team(j)))
+		}
+		var disagree []string
+		for i := 0; i < users; i++ {
+			mine := must(h.s.TeamsOf(h.ctx, user(i)))
+			for j := 0; j < teams; j++ {
+				inUser, inTeam := slices.Contains(mine, team(j)), slices.Contains(members[j], user(i))
+				if inUser != inTeam {
+					disagree = append(disagree, fmt.Sprintf("%s/%s: teams of user %v, members of team %v",
+						user(i), team(j), inUser, inTeam))
+				}
+				final[[2]string{user(i), team(j)}] = inUser
+			}
+		}
+		if len(disagree) > 0 {
+			t.Fatalf("round %d: %d of %d memberships disagree: %q", r, len(disagree), users*teams, disagree)
+		}
+	}
+	checkFor(t, 2*time.Second, func() error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		last := make(map[[2]string]bool)
+		for _, m := range h.memberships {
+			if m.Joined != slices.Contains(m.UserTeams, m.Team) {
+				return fmt.Errorf("event %+v: joined disagrees with the user's teams", m)
+			}
+			last[[2]string{m.UserID, m.Team}] = m.Joined
+		}
+		var wrong []string
+		for k, member := range final {
+			if last[k] != member {
+				wrong = append(wrong, fmt.Sprintf("%s/%s: last event joined=%v, member=%v", k[0], k[1], last[k], member))
+			}
+		}
+		if len(wrong) > 0 {
+			slices.Sort(wrong)
+			return fmt.Errorf("%d memberships' last event is not their state: %q", len(wrong), wrong)
 		}
 		return nil
 	})
