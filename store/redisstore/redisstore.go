@@ -53,6 +53,10 @@ type Config struct {
 	// nothing is expired for this long, so live nodes re-assert first.
 	// NodeTTL + 2s.
 	HoldOff time.Duration
+	// ForgetAfter: a user offline this long loses their presence state (u:,
+	// sv:), answered as never seen; team membership (ut:) is kept. 0: never;
+	// else at least Grace.
+	ForgetAfter time.Duration
 	// HeartbeatFlush is how often batched heartbeats are written. 500ms, or
 	// TTL/8 when that is shorter.
 	HeartbeatFlush time.Duration
@@ -96,6 +100,7 @@ type Store struct {
 	// needResync: a subscription was re-established; the health check
 	// resyncs viewers.
 	needResync atomic.Bool
+	forgetNext atomic.Int64  // UnixNano before which Sweep does not forget (pacing only)
 	stop       chan struct{} // closed by Close; never sent on
 	wg         sync.WaitGroup
 	closed     atomic.Bool
@@ -125,6 +130,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if cfg.TTL < 0 || cfg.Grace < 0 {
 		return nil, errors.New("redisstore: ttl and grace must not be negative")
+	}
+	if cfg.ForgetAfter < 0 || (cfg.ForgetAfter > 0 && cfg.ForgetAfter < cfg.Grace) {
+		return nil, errors.New("redisstore: forget-after must be 0 (never) or at least the grace")
 	}
 	if cfg.NodeTTL == 0 {
 		cfg.NodeTTL = 3 * time.Second
@@ -383,7 +391,9 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 	return s.apply(ctx, store.OpDisconnect, v, start)
 }
 
-// Sweep implements store.Tracker: one atomic script per shard, pipelined.
+// Sweep implements store.Tracker: one atomic script per shard, pipelined;
+// then, at most every second, the forgetting of users offline for
+// ForgetAfter (see forget).
 func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
 	args := func(sh int) []any {
@@ -398,8 +408,45 @@ func (s *Store) Sweep(ctx context.Context) error {
 			err = aerr
 		}
 	}
+	if err == nil {
+		err = s.forget(ctx)
+	}
 	if err != nil {
 		return s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep: %w", err))
+	}
+	return nil
+}
+
+// forgetBatch bounds the users one shard forgets in one script.
+const forgetBatch = 100
+
+func offKey(shard int) string { return prefix(shard) + "off" }
+
+// forget drops the presence state of users offline for ForgetAfter: one
+// script per shard (forget.lua), pipelined, each taking at most forgetBatch
+// users from the shard's offline set, by Redis's clock. It is paced to once
+// a second (ForgetAfter/4 when shorter), since forgetting is seldom due and
+// never urgent; a full batch brings the next pass forward to the next sweep.
+func (s *Store) forget(ctx context.Context) error {
+	if s.cfg.ForgetAfter <= 0 {
+		return nil
+	}
+	now, next := time.Now().UnixNano(), s.forgetNext.Load()
+	if now < next || !s.forgetNext.CompareAndSwap(next, now+int64(min(time.Second, s.cfg.ForgetAfter/4))) {
+		return nil // not yet, or another sweep is at it
+	}
+	calls := make([]call, numShards)
+	for sh := range calls {
+		calls[sh] = call{key: offKey(sh), args: []any{prefix(sh), s.cfg.ForgetAfter.Milliseconds(), forgetBatch}}
+	}
+	replies, errs := s.evalMany(ctx, s.sc.forget, calls)
+	for i, err := range errs {
+		if err != nil {
+			return fmt.Errorf("forget: %w", err)
+		}
+		if toInt(replies[i]) >= forgetBatch {
+			s.forgetNext.Store(0) // more may be due in that shard
+		}
 	}
 	return nil
 }

@@ -22,7 +22,7 @@ func newStore(t *testing.T, url string, cfg storetest.Config) *redisstore.Store 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := redisstore.New(ctx, redisstore.Config{
-		URL: url, Node: cfg.Node, TTL: cfg.TTL, Grace: cfg.Grace,
+		URL: url, Node: cfg.Node, TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter,
 		NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})

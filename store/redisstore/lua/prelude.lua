@@ -44,6 +44,9 @@ local function publish_if_changed(user, out)
   -- field of one shard-wide hash: below 512 entries Redis keeps a hash as a
   -- listpack, whose every lookup scans it (9 us for three users of 500).
   redis.call('SET', P .. 'sv:' .. user, s .. ':' .. fmt(v))
+  -- The shard's offline set, by when each user went offline: forget.lua
+  -- forgets those offline for forget-after. A comeback leaves it.
+  if s == 0 then redis.call('ZADD', P .. 'off', NOW_MS, user) elseif cur == 0 then redis.call('ZREM', P .. 'off', user) end
   local teams = redis.call('SMEMBERS', P .. 'ut:' .. user)
   table.insert(out.changes, {user, s, fmt(v), NOW_MS, teams})
 end
