@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/testwait"
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
 	"github.com/greendot/greendot/store/redisstore/redistest"
@@ -65,11 +66,18 @@ func logger() *slog.Logger {
 
 func mk(t *testing.T, url, node string, ttl, grace time.Duration) (*Store, *rec) {
 	t.Helper()
+	return mkWith(t, Config{URL: url, Node: node, TTL: ttl, Grace: grace,
+		NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond})
+}
+
+// mkWith starts a store with cfg (its logger set here), recording what it
+// publishes on team "t".
+func mkWith(t *testing.T, cfg Config) (*Store, *rec) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := New(ctx, Config{URL: url, Node: node, TTL: ttl, Grace: grace,
-		NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond,
-		Logger: logger()})
+	cfg.Logger = logger()
+	s, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,4 +459,126 @@ func crcShard(team string) int {
 	var n int
 	fmt.Sscanf(ch[strings.Index(ch, "{ev")+3:], "%d", &n)
 	return n
+}
+
+// A shard nobody swept before (a fresh Redis, a first deploy, a Redis
+// emptied while no node ran) holds nothing stale: a user who closes right
+// after the start goes offline after the grace, not after an outage's
+// hold-off (the contract: at most 1 s of detection delay).
+func TestFreshShardEndsGraceOnTime(t *testing.T) {
+	ctx := context.Background()
+	const grace = 300 * time.Millisecond
+	cfg := func(url string) Config {
+		return Config{URL: url, Node: "a", TTL: 2 * time.Second, Grace: grace,
+			NodeTTL: 600 * time.Millisecond, HoldOff: 3 * time.Second}
+	}
+	closeAndExpectOffline := func(t *testing.T, url string) {
+		t.Helper()
+		s, h := mkWith(t, cfg(url))
+		must(t, s.AddMember(ctx, "t", "bob"))
+		must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+		waitHist(t, h, 2*time.Second, s, "bob=online")
+		must(t, s.Disconnect(ctx, "c1", presence.Closed))
+		waitHist(t, h, grace+time.Second, s, "bob=online bob=offline")
+	}
+	t.Run("FreshRedis", func(t *testing.T) {
+		closeAndExpectOffline(t, redistest.Start(t).URL())
+	})
+	t.Run("FlushedWhileNoNodeRan", func(t *testing.T) {
+		r := redistest.Start(t)
+		old, _ := mkWith(t, cfg(r.URL()))
+		sweepFor(t, old, 200*time.Millisecond) // its sweep records stay behind
+		must(t, old.Close())
+		if _, err := r.Do("FLUSHALL"); err != nil {
+			t.Fatal(err)
+		}
+		closeAndExpectOffline(t, r.URL())
+	})
+}
+
+// A FLUSHALL under live nodes: bob has a connection on a and one on b.
+// Until b writes its connection back, Redis knows bob only through a, so
+// the end of a's connection must not bring viewers an offline while b's
+// lives, whether a had written its connection back first or not, and
+// whether a's beat noticed the loss before the first sweep or not.
+func TestFlushUnderLiveNodesNoFalseOffline(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		beatFirst bool // a beats (and finds itself missing) before the first sweep
+		reassert  bool // a writes c1 back (its heartbeat) before it closes
+	}{
+		{"UnknownConnCloses", false, false},
+		{"ReassertedConnCloses", false, true},
+		{"SweeperBeatFirst", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := redistest.Start(t)
+			cfg := func(node string) Config {
+				return Config{URL: r.URL(), Node: node, TTL: 10 * time.Second, Grace: 100 * time.Millisecond,
+					NodeTTL: 1500 * time.Millisecond, HoldOff: 3500 * time.Millisecond}
+			}
+			a, h := mkWith(t, cfg("a"))
+			b, _ := mkWith(t, cfg("b"))
+			must(t, a.AddMember(ctx, "t", "bob"))
+			must(t, a.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+			must(t, b.Connect(ctx, presence.Conn{ID: "c2", UserID: "bob", Device: "ios"}))
+			waitHist(t, h, 2*time.Second, a, "bob=online")
+			if _, err := r.Do("FLUSHALL"); err != nil {
+				t.Fatal(err)
+			}
+			must(t, a.AddMember(ctx, "t", "bob")) // membership back (AOF in production)
+			if tc.beatFirst {
+				a.beat(ctx, false)
+			}
+			must(t, a.Sweep(ctx)) // nodes sweep every 100 ms
+			if tc.reassert {
+				must(t, a.Heartbeat(ctx, "c1"))
+				a.flushHeartbeats(ctx)
+			}
+			must(t, a.Disconnect(ctx, "c1", presence.Closed))
+			c2Key := prefix(shardOf("bob")) + "c"
+			testwait.For(t, 5*time.Second, func() error {
+				_ = a.Sweep(ctx)
+				if v, _ := r.Do("HEXISTS", c2Key, "c2"); v != "1" {
+					return errors.New("b has not written c2 back yet")
+				}
+				return nil
+			})
+			sweepFor(t, a, 200*time.Millisecond)
+			for _, c := range h.hist() {
+				if c == "bob=offline" {
+					t.Fatalf("FALSE OFFLINE: viewers got %v while b held bob's connection", h.hist())
+				}
+			}
+			ps, err := a.Presence(ctx, []string{"bob"})
+			must(t, err)
+			if ps[0].State != presence.Online || ps[0].ConnectionCount != 1 {
+				t.Fatalf("bob = %+v, want online with b's connection", ps[0])
+			}
+		})
+	}
+}
+
+// A sweep record that is there but stale (Redis restarted with its data
+// from disk, every node paused) still holds off: the deadlines and node
+// beats it holds are old, and live nodes must re-assert first.
+func TestStaleSweepRecordHoldsOff(t *testing.T) {
+	ctx := context.Background()
+	const grace, holdOff = 300 * time.Millisecond, 2 * time.Second
+	r := redistest.Start(t)
+	s, h := mkWith(t, Config{URL: r.URL(), Node: "a", TTL: 2 * time.Second, Grace: grace,
+		NodeTTL: 600 * time.Millisecond, HoldOff: holdOff})
+	must(t, s.AddMember(ctx, "t", "bob"))
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	waitHist(t, h, 2*time.Second, s, "bob=online")
+	must(t, s.Disconnect(ctx, "c1", presence.Closed))
+	if _, err := r.Do("SET", prefix(shardOf("bob"))+"ls", "1"); err != nil { // last swept long ago
+		t.Fatal(err)
+	}
+	sweepFor(t, s, grace+500*time.Millisecond)
+	if got := strings.Join(h.hist(), " "); got != "bob=online" {
+		t.Fatalf("during the hold-off viewers got %q", got)
+	}
+	waitHist(t, h, holdOff+time.Second, s, "bob=online bob=offline")
 }

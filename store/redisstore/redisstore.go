@@ -318,7 +318,7 @@ func (s *Store) connect(ctx context.Context, c presence.Conn, active, assert boo
 func (s *Store) endInRedis(ctx context.Context, id, user string) {
 	sh := shardOf(user)
 	v, err := run(ctx, s.rdb, s.sc.disconnect, []string{dlKey(sh)},
-		prefix(sh), id, int(presence.Closed), s.ttlMS(), s.graceMS(), user)
+		prefix(sh), id, int(presence.Closed), s.ttlMS(), s.graceMS(), user, max(s.cfg.Grace, s.cfg.HoldOff).Milliseconds())
 	if err == nil {
 		_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
 	}
@@ -377,7 +377,7 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 	}
 	sh := shardOf(lc.user)
 	v, err := run(ctx, s.rdb, s.sc.disconnect, []string{dlKey(sh)},
-		prefix(sh), connID, int(cause), s.ttlMS(), s.graceMS(), lc.user)
+		prefix(sh), connID, int(cause), s.ttlMS(), s.graceMS(), lc.user, max(s.cfg.Grace, s.cfg.HoldOff).Milliseconds())
 	if err != nil {
 		if !isRedisReply(err) {
 			s.endLater(pendingEnd{id: connID, user: lc.user, cause: cause, known: true})
@@ -398,7 +398,8 @@ func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
 	args := func(sh int) []any {
 		return []any{prefix(sh), s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
-			s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds()}
+			s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds(),
+			s.cfg.Node, boolArg(!s.healthy.Load())}
 	}
 	// What the healthy shards claimed is published even when others fail.
 	replies, err := s.evalShards(ctx, s.sc.sweep, args)
@@ -615,7 +616,7 @@ func (s *Store) retryEnds(ctx context.Context) {
 			argUser = e.user
 		}
 		v, err := run(ctx, s.rdb, s.sc.disconnect, []string{dlKey(sh)},
-			prefix(sh), e.id, int(e.cause), s.ttlMS(), s.graceMS(), argUser)
+			prefix(sh), e.id, int(e.cause), s.ttlMS(), s.graceMS(), argUser, max(s.cfg.Grace, s.cfg.HoldOff).Milliseconds())
 		switch {
 		case err == nil:
 			_ = s.apply(ctx, store.OpDisconnect, v, time.Now())

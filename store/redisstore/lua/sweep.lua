@@ -1,15 +1,24 @@
 -- ARGV: prefix, ttl ms, grace ms, node ttl ms, hold-off ms, batch limit,
--- gap ms (a pause in sweeping longer than this starts a hold-off).
+-- gap ms (a pause in sweeping longer than this starts a hold-off), the
+-- sweeping node, recovering (1/0: it is writing its connections back).
 -- One shard's sweep, atomic: whatever it claims, no other node can.
 local ttl, grace, nodettl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local holdoff, limit, gap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local out = new_out()
--- Nobody swept for a while: Redis was away, restarted or emptied, or every
--- node was. Hold off, so live nodes beat and re-assert before anything
--- of theirs may be taken for dead.
-local last = num(redis.call('GET', P .. 'ls'))
+-- Nobody swept for a while: Redis was away or restarted with old data, or
+-- every node was paused. Hold off, so live nodes beat and re-assert before
+-- anything of theirs may be taken for dead.
+-- A shard never swept (no record) is new (a fresh Redis, a first deploy):
+-- nothing in it is stale, so nothing holds off. Unless it was emptied under
+-- live nodes (FLUSHALL, a failover to an empty replica): then the sweeper,
+-- which beat into every shard before it swept, is missing from it, or its
+-- beat found it missing and it is re-asserting. That holds off too: until
+-- every live node has written its connections back, a grace that ends may
+-- be that of a user with a connection Redis does not know yet.
+local last = redis.call('GET', P .. 'ls')
 redis.call('SET', P .. 'ls', NOW_MS)
-if NOW_MS - last > gap then
+local emptied = not last and (ARGV[9] == '1' or not redis.call('ZSCORE', P .. 'nodes', ARGV[8]))
+if emptied or (last and NOW_MS - tonumber(last) > gap) then
   redis.call('SET', P .. 'ho', NOW_MS + holdoff)
   return reply(out)
 end
