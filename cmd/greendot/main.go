@@ -70,6 +70,7 @@ type serveOptions struct {
 	ttl               time.Duration
 	heartbeatInterval time.Duration
 	grace             time.Duration
+	forgetAfter       time.Duration
 	jwtSecret         string
 	apiKey            string
 	logLevel          string
@@ -86,6 +87,7 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs.DurationVar(&o.ttl, "ttl", 25*time.Second, "a connection that sends nothing for this long is dead")
 	fs.DurationVar(&o.heartbeatInterval, "heartbeat-interval", 10*time.Second, "how often clients are told to heartbeat")
 	fs.DurationVar(&o.grace, "offline-grace", 5*time.Second, "how long a user with no connection left stays online")
+	fs.DurationVar(&o.forgetAfter, "forget-after", 720*time.Hour, "drop the presence of a user offline this long (answered as never seen; teams kept); 0 = never")
 	fs.StringVar(&o.jwtSecret, "jwt-secret", "", "HS256 secret for client tokens; unset = dev mode")
 	fs.StringVar(&o.apiKey, "api-key", "", "bearer key required on the HTTP API (all /v1 routes but /v1/connect)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -129,6 +131,10 @@ func (o *serveOptions) validate() error {
 		return fmt.Errorf("--ttl (%v) must exceed --heartbeat-interval (%v)", o.ttl, o.heartbeatInterval)
 	case o.grace < 0:
 		return fmt.Errorf("--offline-grace must not be negative, got %v", o.grace)
+	case o.forgetAfter < 0:
+		return fmt.Errorf("--forget-after must not be negative (0 = never), got %v", o.forgetAfter)
+	case o.forgetAfter > 0 && o.forgetAfter < o.grace:
+		return fmt.Errorf("--forget-after (%v) must be 0 (never) or at least --offline-grace (%v)", o.forgetAfter, o.grace)
 	case o.maxConnecting < 1:
 		return fmt.Errorf("--max-connecting must be at least 1, got %d", o.maxConnecting)
 	}
@@ -174,7 +180,8 @@ func serve(args []string, stderr io.Writer) error {
 	switch o.storeKind {
 	case "redis":
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		rs, err := redisstore.New(ctx, redisstore.Config{URL: o.redisURL, Node: o.nodeID, TTL: o.ttl, Grace: o.grace, Logger: log})
+		rs, err := redisstore.New(ctx, redisstore.Config{URL: o.redisURL, Node: o.nodeID, TTL: o.ttl, Grace: o.grace,
+			ForgetAfter: o.forgetAfter, Logger: log})
 		cancel()
 		if err != nil {
 			return err
@@ -182,7 +189,7 @@ func serve(args []string, stderr io.Writer) error {
 		defer rs.Close()
 		st = rs
 	default:
-		ms, err := memstore.New(memstore.Config{TTL: o.ttl, Grace: o.grace})
+		ms, err := memstore.New(memstore.Config{TTL: o.ttl, Grace: o.grace, ForgetAfter: o.forgetAfter})
 		if err != nil {
 			return err
 		}
@@ -221,7 +228,7 @@ func serve(args []string, stderr io.Writer) error {
 		base = o.addr
 	}
 	log.Info("greendot serving", "addr", o.addr, "store", o.storeKind, "node", o.nodeID,
-		"ttl", o.ttl, "heartbeat_interval", o.heartbeatInterval, "offline_grace", o.grace)
+		"ttl", o.ttl, "heartbeat_interval", o.heartbeatInterval, "offline_grace", o.grace, "forget_after", o.forgetAfter)
 	if srv.DevMode() {
 		log.Warn("DEV MODE: no --jwt-secret set, so ANY client may connect as ANY user with ?user=<id>. Never run this in production.")
 		fmt.Fprintf(stderr, "\n  demo page:  http://%s/\n  connect:    ws://%s/v1/connect?user=alice\n  metrics:    http://%s/metrics\n\n", base, base, base)

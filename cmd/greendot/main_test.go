@@ -15,17 +15,23 @@ func TestFlagsReadEnvironmentAndFlagsWin(t *testing.T) {
 		"GREENDOT_HEARTBEAT_INTERVAL": "15s",
 		"GREENDOT_ADDR":               ":9999",
 		"GREENDOT_JWT_SECRET":         "s3",
+		"GREENDOT_FORGET_AFTER":       "48h",
 	}
 	var o serveOptions
 	fs := serveFlags(&o)
 	if err := parseWithEnv(fs, []string{"--addr", ":7000"}, func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
-	if o.addr != ":7000" || o.ttl != 40*time.Second || o.heartbeatInterval != 15*time.Second || o.jwtSecret != "s3" {
+	if o.addr != ":7000" || o.ttl != 40*time.Second || o.heartbeatInterval != 15*time.Second || o.jwtSecret != "s3" ||
+		o.forgetAfter != 48*time.Hour {
 		t.Fatalf("options = %+v", o)
 	}
 	if o.grace != 5*time.Second || o.storeKind != "memory" || o.maxConnecting != 64 {
 		t.Fatalf("defaults lost: %+v", o)
+	}
+	o = serveOptions{}
+	if err := parseWithEnv(serveFlags(&o), nil, func(string) string { return "" }); err != nil || o.forgetAfter != 720*time.Hour {
+		t.Fatalf("--forget-after default = %v (%v), want 720h", o.forgetAfter, err)
 	}
 }
 
@@ -47,6 +53,8 @@ func TestNonsenseRefusesToStart(t *testing.T) {
 		{"--ttl", "10s", "--heartbeat-interval", "10s"},
 		{"--ttl", "5s"},
 		{"--offline-grace", "-1s"},
+		{"--forget-after", "-1h"},
+		{"--forget-after", "1s"}, // shorter than the 5s grace
 		{"--store", "etcd"},
 		{"--store", "redis"},
 		{"--store", "redis", "--redis-url", "redis://127.0.0.1:1"},
