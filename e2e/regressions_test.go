@@ -22,7 +22,6 @@ func TestNodeStallFalseOffline(t *testing.T) {
 	a := startNode(t, url, "a", tm)
 	b := startNode(t, url, "b", tm)
 	a.join("t1", "alice", "bob")
-	time.Sleep(6 * time.Second) // past the start-up hold-off (5 s)
 	alice := connect(t, a, "alice", "web")
 	connect(t, b, "bob", "web") // first heartbeat 10.5-15 s from now
 	alice.expect(3*time.Second, "bob=online")
