@@ -326,9 +326,9 @@ func (o *oracle) buildTruth(u *userTruth) {
 			u.starts = append(u.starts, s.start)
 		}
 		for _, a := range dc.attempts {
-			if a.ok {
-				continue
-			}
+			// The server registers a connection before its welcome: from
+			// the dial on, the user may be online (and stays so a moment
+			// after a refused attempt).
 			to := a.to
 			if to.IsZero() {
 				to = far
@@ -606,7 +606,7 @@ func (o *oracle) judgeChanges() {
 				continue
 			}
 			o.fig["changes observed"]++
-			if !o.visibleDuring(v.user, ch.UserID, ch.Received.Add(-time.Second), ch.Received) {
+			if since := o.visibleSince(v.user, ch.UserID, ch.Received); since.IsZero() || since.After(ch.Received.Add(-time.Second)) {
 				// Out of sight: a snapshot of a viewer who left the subject's
 				// teams drops them (what was sent is judged by judgeFrames).
 				o.fig["changes out of sight"]++
@@ -664,10 +664,10 @@ func (o *oracle) judgeOffline(v *devCopy, node string, u *userTruth, ch client.C
 		return
 	}
 	// A true offline: how long after the user's last device went.
-	if end, p := u.lastLiveEnd(ch.Received); p != nil && u.segAt(ch.Received).sure == "offline" {
+	if end, p := u.lastLiveEnd(ch.Received); p != nil && u.segAt(ch.Received).sure == "offline" && !ch.FromSnapshot {
 		lag := ch.Received.Sub(end)
 		cause := p.kind
-		if o.excused(node, u, ch.Received, 0) != nil {
+		if o.excused(node, u, ch.Received, o.tm.ttl+o.tm.grace+2*time.Second) != nil {
 			cause = "during a Redis or network fault"
 		}
 		o.lags["all"] = append(o.lags["all"], lag)

@@ -45,7 +45,7 @@ func TestChaos(t *testing.T) {
 		duration = d
 	}
 	t.Logf("chaos seed %d (replay: GREENDOT_CHAOS_SEED=%d go test -run 'TestChaos' ./e2e), %v of faults per topology", seed, seed, duration)
-	for _, topo := range []string{"redis"} {
+	for _, topo := range []string{"redis", "cluster"} {
 		t.Run(topo, func(t *testing.T) {
 			runChaos(t, chaosConfig{topology: topo, seed: seed, duration: duration,
 				users: 24, teams: 4, devices: 30, perUser: 2,
@@ -177,7 +177,7 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 	settleFrom := time.Now()
 	var problems []string
 	minWait := cfg.tm.ttl + cfg.tm.grace + 2*time.Second
-	deadline := settleFrom.Add(45 * time.Second)
+	deadline := settleFrom.Add(30 * time.Second)
 	for {
 		time.Sleep(250 * time.Millisecond)
 		problems = w.settleCheck()
