@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -306,6 +307,30 @@ func TestSlowReaderIsDisconnectedWithoutHoldingOthers(t *testing.T) {
 		conns = append(conns, ts.dial(t, s))
 	}
 	reader.changes(300 * time.Millisecond)
+	// The reader keeps reading throughout: its test client queues at most
+	// 1,024 frames, and a long churn (under -race) sends more, which would
+	// make it a slow reader too.
+	var mu sync.Mutex
+	got := map[string]string{}
+	stop := make(chan struct{})
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, ch := range reader.changes(20 * time.Millisecond) {
+				kv := strings.SplitN(ch, "=", 2)
+				mu.Lock()
+				got[kv[0]] = kv[1]
+				mu.Unlock()
+			}
+		}
+	}()
+	defer func() { close(stop); <-drained }()
 	// Churn: every subject flips away/online as fast as it can.
 	pad := strings.Repeat("p", 2000) // big frames fill buffers sooner
 	for round := 0; round < 301; round++ {
@@ -327,12 +352,9 @@ func TestSlowReaderIsDisconnectedWithoutHoldingOthers(t *testing.T) {
 		return nil
 	})
 	// The reader ends up with every subject online (the last round).
-	got := map[string]string{}
 	checkFor(t, 5*time.Second, func() error {
-		for _, ch := range reader.changes(50 * time.Millisecond) {
-			kv := strings.SplitN(ch, "=", 2)
-			got[kv[0]] = kv[1]
-		}
+		mu.Lock()
+		defer mu.Unlock()
 		for _, s := range subjects {
 			if got[s] != "online" {
 				return errorf("reader sees %s as %q", s, got[s])
