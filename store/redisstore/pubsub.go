@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"strings"
@@ -30,6 +31,12 @@ func teamOfChannel(ch string) string {
 }
 
 // subscriber owns this node's subscriptions and their reader goroutines.
+//
+// Every channel asked for is tracked until Redis confirms it. Watch returns
+// only then: a change published before the confirmation would not reach
+// this node. A confirmation of a channel that was confirmed already means
+// go-redis lost its connection and subscribed again by itself: messages may
+// have been lost meanwhile, so viewers are resynced.
 type subscriber struct {
 	s *Store
 
@@ -37,13 +44,19 @@ type subscriber struct {
 	members *redis.PubSub
 	shards  map[string]*redis.PubSub // by channel hash tag ("" on a single server)
 	watched map[string]int           // team → watches minus unwatches; absent when 0
-	expect  map[string]int           // subscription confirmations we asked for, by channel
+	chans   map[string]*subState     // by channel, while subscribed
 	wg      sync.WaitGroup
+}
+
+// subState is one channel's subscription.
+type subState struct {
+	confirmed bool
+	waiters   []chan struct{} // closed on confirmation
 }
 
 func newSubscriber(s *Store) *subscriber {
 	return &subscriber{s: s, shards: make(map[string]*redis.PubSub), watched: make(map[string]int),
-		expect: make(map[string]int)}
+		chans: make(map[string]*subState)}
 }
 
 func (sb *subscriber) start(ctx context.Context) error {
@@ -52,7 +65,10 @@ func (sb *subscriber) start(ctx context.Context) error {
 		_ = ps.Close()
 		return fmt.Errorf("redisstore: subscribe: %w", err)
 	}
+	sb.mu.Lock()
 	sb.members = ps
+	sb.chans[membershipChannel] = &subState{confirmed: true}
+	sb.mu.Unlock()
 	sb.read(ps)
 	return nil
 }
@@ -64,33 +80,68 @@ func (sb *subscriber) bucket(ch string) string {
 	return ch[strings.Index(ch, "{"):strings.Index(ch, "}")]
 }
 
-// Watch implements store.Watcher.
+// subscribeLocked asks for ch (on ps, the subscription of its slot, made
+// when nil) unless it is asked for already, and returns a channel closed
+// once Redis has confirmed it.
+func (sb *subscriber) subscribeLocked(ctx context.Context, ps *redis.PubSub, ch string) (<-chan struct{}, error) {
+	done := make(chan struct{})
+	if st := sb.chans[ch]; st != nil {
+		if st.confirmed {
+			close(done)
+		} else {
+			st.waiters = append(st.waiters, done) // asked for by another watch
+		}
+		return done, nil
+	}
+	sb.chans[ch] = &subState{waiters: []chan struct{}{done}}
+	if ps == nil {
+		// Made with its first channel, which picks the slot's node, before
+		// its reader starts (which would connect to any node). go-redis
+		// drops this first subscribe's error: the confirmation, or its
+		// absence, tells.
+		ps = sb.s.rdb.SSubscribe(ctx, ch)
+		sb.shards[sb.bucket(ch)] = ps
+		sb.read(ps)
+		return done, nil
+	}
+	if err := ps.SSubscribe(ctx, ch); err != nil {
+		return nil, err
+	}
+	return done, nil
+}
+
+// Watch implements store.Watcher: it returns once Redis has confirmed the
+// subscription of every team's channel, or fails and takes back its watches.
 func (s *Store) Watch(ctx context.Context, teams []string) error {
 	sb := s.subs
+	var wait []<-chan struct{}
 	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	for _, t := range teams {
+	for i, t := range teams {
 		// Counts may go below zero when an unwatch overtakes its watch;
 		// the channel is subscribed exactly while the count is positive.
 		sb.watched[t]++
 		if sb.watched[t] == 0 {
 			delete(sb.watched, t)
 		}
-		if sb.watched[t] != 1 {
+		if sb.watched[t] < 1 {
 			continue
 		}
 		ch := teamChannel(t)
-		b := sb.bucket(ch)
-		ps := sb.shards[b]
-		sb.expect[ch]++
-		if ps == nil {
-			ps = s.rdb.SSubscribe(ctx, ch)
-			sb.shards[b] = ps
-			sb.read(ps)
-			continue
+		done, err := sb.subscribeLocked(ctx, sb.shards[sb.bucket(ch)], ch)
+		if err != nil {
+			sb.mu.Unlock()
+			s.Unwatch(teams[:i+1])
+			return fmt.Errorf("redisstore: subscribe %s: %w", t, errors.Join(ErrUnavailable, err))
 		}
-		if err := ps.SSubscribe(ctx, ch); err != nil {
-			return fmt.Errorf("redisstore: subscribe %s: %w", t, err)
+		wait = append(wait, done)
+	}
+	sb.mu.Unlock()
+	for _, done := range wait {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.Unwatch(teams)
+			return fmt.Errorf("redisstore: subscribe: no confirmation: %w", errors.Join(ErrUnavailable, ctx.Err()))
 		}
 	}
 	return nil
@@ -110,10 +161,65 @@ func (s *Store) Unwatch(teams []string) {
 		}
 		delete(sb.watched, t)
 		ch := teamChannel(t)
+		sb.dropLocked(ch)
 		if ps := sb.shards[sb.bucket(ch)]; ps != nil {
 			_ = ps.SUnsubscribe(ctx, ch)
 		}
 	}
+}
+
+// dropLocked forgets a channel; whoever still waits for it is let go (the
+// watches that asked for it were taken back).
+func (sb *subscriber) dropLocked(ch string) {
+	if st := sb.chans[ch]; st != nil {
+		for _, w := range st.waiters {
+			close(w)
+		}
+		delete(sb.chans, ch)
+	}
+}
+
+// sync returns once every subscription of this node is in place in Redis,
+// after any subscriptions go-redis re-established were confirmed (and so
+// counted): a probe channel is subscribed on each subscription connection,
+// behind them, and its confirmation waited for.
+func (sb *subscriber) sync(ctx context.Context) error {
+	sb.mu.Lock()
+	probes := map[string]*redis.PubSub{"gd:{members}:sync:" + sb.s.cfg.Node: sb.members}
+	for b, ps := range sb.shards {
+		tag := b + "}"
+		if b == "" {
+			tag = "{ev0}"
+		}
+		probes["gd:"+tag+":sync:"+sb.s.cfg.Node] = ps
+	}
+	var wait []<-chan struct{}
+	var err error
+	for ch, ps := range probes {
+		var done <-chan struct{}
+		if done, err = sb.subscribeLocked(ctx, ps, ch); err != nil {
+			break
+		}
+		wait = append(wait, done)
+	}
+	sb.mu.Unlock()
+	for _, done := range wait {
+		if err != nil {
+			break
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	sb.mu.Lock()
+	for ch, ps := range probes {
+		sb.dropLocked(ch)
+		_ = ps.SUnsubscribe(ctx, ch)
+	}
+	sb.mu.Unlock()
+	return err
 }
 
 func (sb *subscriber) read(ps *redis.PubSub) {
@@ -131,23 +237,26 @@ func (sb *subscriber) read(ps *redis.PubSub) {
 	}()
 }
 
-// confirmed notes a subscription confirmation. One nobody asked for means
-// go-redis reconnected and subscribed again by itself: messages may have been
-// lost meanwhile, so viewers are resynced.
+// confirmed notes a subscription confirmation. A second one for a channel
+// means go-redis reconnected and subscribed again by itself; one for a
+// channel nobody asked for, that it subscribed a channel taken back while
+// the connection was down. Either way messages may have been lost.
 func (sb *subscriber) confirmed(m *redis.Subscription) {
 	if m.Kind != "ssubscribe" && m.Kind != "subscribe" {
 		return
 	}
 	sb.mu.Lock()
-	expected := sb.expect[m.Channel] > 0
-	if expected {
-		sb.expect[m.Channel]--
-		if sb.expect[m.Channel] == 0 {
-			delete(sb.expect, m.Channel)
+	st := sb.chans[m.Channel]
+	again := st == nil || st.confirmed
+	if st != nil && !st.confirmed {
+		st.confirmed = true
+		for _, w := range st.waiters {
+			close(w)
 		}
+		st.waiters = nil
 	}
 	sb.mu.Unlock()
-	if !expected {
+	if again {
 		sb.s.needResync.Store(true)
 	}
 }
