@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -22,22 +21,18 @@ type localUser struct {
 }
 
 // hub indexes this node's connections by user and team and routes store
-// events to them. It implements store.Handler.
+// events to them (route.go, resync.go). It implements store.Handler. The
+// flusher writes what it queues; the worker runs its store queries.
 type hub struct {
-	srv *Server
+	srv   *Server
+	flush *flusher
+	work  *worker
+	views *views // what local viewers hold; nil unless the store is shared
 
 	mu     sync.RWMutex
 	users  map[string]*localUser
 	byTeam map[string]map[*localUser]struct{}
 	nconns int
-
-	dirtyMu sync.Mutex
-	dirty   []*client
-	wake    chan struct{} // cap 1; never closed
-
-	jobsMu  sync.Mutex
-	jobs    []func(ctx context.Context)
-	jobWake chan struct{} // cap 1; never closed
 }
 
 var (
@@ -46,13 +41,17 @@ var (
 )
 
 func newHub(s *Server) *hub {
-	return &hub{
-		srv:     s,
-		users:   make(map[string]*localUser),
-		byTeam:  make(map[string]map[*localUser]struct{}),
-		wake:    make(chan struct{}, 1),
-		jobWake: make(chan struct{}, 1),
+	h := &hub{
+		srv:    s,
+		flush:  newFlusher(s),
+		work:   newWorker(s),
+		users:  make(map[string]*localUser),
+		byTeam: make(map[string]map[*localUser]struct{}),
 	}
+	if _, shared := s.store.(store.Watcher); shared {
+		h.views = newViews()
+	}
+	return h
 }
 
 // add registers c and returns its user's teams, loaded from the store the
@@ -130,6 +129,9 @@ func (h *hub) leaveLocked(lu *localUser, team string) bool {
 		delete(set, lu)
 		if len(set) == 0 {
 			delete(h.byTeam, team)
+			if h.views != nil {
+				h.views.dropTeam(team)
+			}
 			return true
 		}
 	}
@@ -152,7 +154,7 @@ func (h *hub) unwatchLater(teams []string) {
 	if !ok || len(teams) == 0 {
 		return
 	}
-	h.enqueue(func(context.Context) { w.Unwatch(teams) })
+	h.work.enqueue(func(context.Context) { w.Unwatch(teams) })
 }
 
 // joinWatched indexes a local user under a team they joined, once the team
@@ -242,333 +244,36 @@ func (h *hub) teamsOf(user string) []string {
 	return out
 }
 
-// OnPresence queues a change for every local connection of every user who
-// shares one of the subject's teams, once each.
-func (h *hub) OnPresence(ev store.PresenceEvent) {
-	// The flusher is woken once the change is queued for every viewer, not
-	// at the first: a round must not start with a fan-out half routed.
-	defer h.kick()
-	ch := wireChange(ev.Change)
-	if ev.Via == "" || (len(ev.Teams) > 0 && ev.Via == ev.Teams[0]) {
-		h.srv.metrics.changes.WithLabelValues(ch.State).Inc() // once, not once per team
-	}
-	n := 0
-	h.mu.RLock()
-	if ev.Via != "" {
-		// One of several copies, one per team: deliver to the members for
-		// whom Via is the first team they share with the subject.
-		for lu := range h.byTeam[ev.Via] {
-			if lu.id == ch.UserID || firstShared(lu.teams, ev.Teams) != ev.Via {
-				continue
-			}
-			for _, c := range lu.conns {
-				c.queue(ch, false, false)
-				n++
-			}
-		}
-		h.mu.RUnlock()
-		h.srv.metrics.fanout.Observe(float64(n))
+// noteSnapshot records in views what a new connection of user was given.
+func (h *hub) noteSnapshot(user string, members map[string][]string, ps []presence.Presence) {
+	if h.views == nil {
 		return
 	}
-	var seen map[*localUser]struct{}
-	if len(ev.Teams) > 1 {
-		seen = make(map[*localUser]struct{})
+	byUser := make(map[string]presence.Presence, len(ps))
+	for _, p := range ps {
+		byUser[p.UserID] = p
 	}
-	for _, t := range ev.Teams {
-		for lu := range h.byTeam[t] {
-			if lu.id == ch.UserID {
-				continue
-			}
-			if seen != nil {
-				if _, dup := seen[lu]; dup {
-					continue
-				}
-				seen[lu] = struct{}{}
-			}
-			for _, c := range lu.conns {
-				c.queue(ch, false, false)
-				n++
-			}
-		}
-	}
-	h.mu.RUnlock()
-	h.srv.metrics.fanout.Observe(float64(n))
-}
-
-// OnMembership applies rule 7: a join makes the two sides visible to each
-// other at once; after a removal nothing more passes between users who no
-// longer share a team.
-func (h *hub) OnMembership(ev store.MembershipEvent) {
-	others := make(map[string]struct{}, len(ev.UserTeams))
-	for _, t := range ev.UserTeams {
-		if t != ev.Team {
-			others[t] = struct{}{}
-		}
-	}
-	h.mu.Lock()
-	subject := h.users[ev.UserID]
-	if subject != nil && subject.teams != nil {
-		subject.gen++
-		_, member := subject.teams[ev.Team]
-		switch {
-		case ev.Joined && !member:
-			// Indexed only once watched (on the worker): routing by Via
-			// through a team not yet subscribed would drop changes.
-			h.enqueue(func(ctx context.Context) { h.joinWatched(ctx, subject, ev.Team) })
-		case !ev.Joined && member:
-			h.leaveLocked(subject, ev.Team)
-			h.unwatchLater([]string{ev.Team})
-		}
-	} else if subject != nil {
-		subject.gen++ // a load is under way; it will read again
-	}
-	for lu := range h.byTeam[ev.Team] {
-		if lu.id == ev.UserID || sharesSet(lu.teams, others) {
-			continue // could see the subject already, and still can
-		}
-		for _, c := range lu.conns {
-			if ev.Joined {
-				if ev.State != presence.Offline {
-					c.push(protocol.Change{UserID: ev.UserID, State: ev.State.String(), Version: ev.Version, At: h.srv.cfg.Now().UnixMilli()}, true)
-				}
-			} else {
-				c.drop(ev.UserID)
-			}
-		}
-	}
-	h.mu.Unlock()
-	if subject != nil {
-		// The subject's own connections need the other side: store queries,
-		// so done off the event path.
-		h.enqueue(func(ctx context.Context) { h.reconcileSubject(ctx, ev, others) })
-	}
-}
-
-// reconcileSubject sends a user who joined a team the present members they
-// could not see before, or drops queued changes of members they no longer
-// share a team with.
-func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, others map[string]struct{}) {
-	s := h.srv
-	members, err := s.store.Members(ctx, ev.Team)
-	if err != nil {
-		s.log.Warn("membership reconcile", "err", err)
-		return
-	}
-	otherTeams := make([]string, 0, len(others))
-	for t := range others {
-		otherTeams = append(otherTeams, t)
-	}
-	stillVisible, err := s.visibleUsers(ctx, otherTeams, ev.UserID)
-	if err != nil {
-		s.log.Warn("membership reconcile", "err", err)
-		return
-	}
-	already := make(map[string]struct{}, len(stillVisible))
-	for _, u := range stillVisible {
-		already[u] = struct{}{}
-	}
-	var fresh []string
-	for _, m := range members {
-		if _, ok := already[m]; !ok && m != ev.UserID {
-			fresh = append(fresh, m)
-		}
-	}
-	if len(fresh) == 0 {
-		return
-	}
-	var ps []presence.Presence
-	if ev.Joined {
-		if ps, err = s.store.Presence(ctx, fresh); err != nil {
-			s.log.Warn("membership reconcile", "err", err)
-			return
-		}
-	}
-	now := s.cfg.Now().UnixMilli()
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	lu := h.users[ev.UserID]
+	lu := h.users[user]
 	if lu == nil {
 		return
 	}
-	for _, c := range lu.conns {
-		if !ev.Joined {
-			for _, m := range fresh {
-				c.drop(m)
+	for team, ms := range members {
+		set := h.byTeam[team]
+		if _, in := set[lu]; !in {
+			continue // left the team meanwhile
+		}
+		// Others here (other users, or this user's other connections) may
+		// hold something else.
+		crowded := len(set) > 1 || len(lu.conns) > 1
+		read := make([]presence.Presence, 0, len(ms))
+		for _, m := range ms {
+			if p, ok := byUser[m]; ok {
+				read = append(read, p)
 			}
-			continue
 		}
-		for _, p := range ps {
-			if p.State != presence.Offline {
-				c.push(protocol.Change{UserID: p.UserID, State: p.State.String(), Version: p.Version, At: now}, true)
-			}
-		}
-	}
-}
-
-// firstShared is the first of teams (sorted) that mine contains.
-func firstShared(mine map[string]struct{}, teams []string) string {
-	for _, t := range teams {
-		if _, ok := mine[t]; ok {
-			return t
-		}
-	}
-	return ""
-}
-
-func sharesSet(a, b map[string]struct{}) bool {
-	if len(a) > len(b) {
-		a, b = b, a
-	}
-	for t := range a {
-		if _, ok := b[t]; ok {
-			return true
-		}
-	}
-	return false
-}
-
-func wireChange(c presence.Change) protocol.Change {
-	return protocol.Change{UserID: c.UserID, State: c.State.String(), Version: c.Version, At: c.At.UnixMilli()}
-}
-
-// OnResync implements store.Resyncer: every local connection is sent the
-// current state of the users it may see; offline users at floor, so that an
-// offline a viewer missed overrides the online it holds. Clients drop what
-// they already hold.
-func (h *hub) OnResync(floor uint64) {
-	h.enqueue(func(context.Context) {
-		h.mu.RLock()
-		users := make([]*localUser, 0, len(h.users))
-		for _, lu := range h.users {
-			users = append(users, lu)
-		}
-		h.mu.RUnlock()
-		now := h.srv.cfg.Now().UnixMilli()
-		for _, lu := range users {
-			// A deadline per user: a big node must not run out of time halfway.
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			ps, err := h.srv.snapshot(ctx, lu.id, h.teamsOf(lu.id))
-			cancel()
-			if err != nil {
-				h.srv.log.Warn("resync", "err", err)
-				continue
-			}
-			h.mu.RLock()
-			for _, c := range lu.conns {
-				for _, p := range ps {
-					v := p.Version
-					if p.State == presence.Offline {
-						v = max(v, floor)
-					}
-					c.push(protocol.Change{UserID: p.UserID, State: p.State.String(), Version: v, At: now}, true)
-				}
-			}
-			h.mu.RUnlock()
-		}
-	})
-}
-
-// markDirty puts c on the flusher's list.
-// Unless wake is false (the caller kicks the flusher itself once it has
-// queued a whole fan-out), it wakes the flusher.
-func (h *hub) markDirty(c *client, wake bool) {
-	h.dirtyMu.Lock()
-	h.dirty = append(h.dirty, c)
-	h.dirtyMu.Unlock()
-	if wake {
-		h.kick()
-	}
-}
-
-func (h *hub) kick() {
-	select {
-	case h.wake <- struct{}{}:
-	default:
-	}
-}
-
-// flushLoop writes queued changes. Rounds start at most every FlushDelay,
-// which batches a burst into one frame per connection; a large round is
-// split over a few goroutines, since each write is a system call.
-func (h *hub) flushLoop() {
-	defer h.srv.wg.Done()
-	var batch []*client
-	var last time.Time
-	for {
-		select {
-		case <-h.srv.stop:
-			return
-		case <-h.wake:
-		}
-		// A change after a quiet spell goes out at once; under churn,
-		// rounds start at most every FlushDelay, so a round batches (and
-		// coalesces) whatever arrived while the previous one was written.
-		if wait := h.srv.cfg.FlushDelay - time.Since(last); wait > 0 {
-			time.Sleep(wait)
-		}
-		last = time.Now()
-		h.dirtyMu.Lock()
-		batch, h.dirty = h.dirty, batch[:0]
-		h.dirtyMu.Unlock()
-		h.flushAll(batch)
-		clear(batch)
-	}
-}
-
-func (h *hub) flushAll(batch []*client) {
-	const perWorker = 256
-	workers := min(runtime.GOMAXPROCS(0), (len(batch)+perWorker-1)/perWorker)
-	if workers <= 1 {
-		var enc frameCache
-		for _, c := range batch {
-			c.flush(&enc)
-		}
-		return
-	}
-	var wg sync.WaitGroup
-	chunk := (len(batch) + workers - 1) / workers
-	for i := 0; i < len(batch); i += chunk {
-		part := batch[i:min(i+chunk, len(batch))]
-		wg.Add(1)
-		go func() { // waited for below: owned by this round
-			defer wg.Done()
-			var enc frameCache
-			for _, c := range part {
-				c.flush(&enc)
-			}
-		}()
-	}
-	wg.Wait()
-}
-
-// enqueue runs job on the worker goroutine.
-func (h *hub) enqueue(job func(ctx context.Context)) {
-	h.jobsMu.Lock()
-	h.jobs = append(h.jobs, job)
-	h.jobsMu.Unlock()
-	select {
-	case h.jobWake <- struct{}{}:
-	default:
-	}
-}
-
-func (h *hub) workLoop() {
-	defer h.srv.wg.Done()
-	for {
-		select {
-		case <-h.srv.stop:
-			return
-		case <-h.jobWake:
-		}
-		h.jobsMu.Lock()
-		jobs := h.jobs
-		h.jobs = nil
-		h.jobsMu.Unlock()
-		for _, job := range jobs {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			job(ctx)
-			cancel()
-		}
+		h.views.readAll(team, read, crowded)
 	}
 }
 

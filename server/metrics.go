@@ -44,6 +44,8 @@ type metrics struct {
 	slowDisconnects    prometheus.Counter
 	storeLatency       *prometheus.HistogramVec
 	storeErrors        *prometheus.CounterVec
+	resyncs            prometheus.Counter
+	resyncDeliveries   prometheus.Counter
 
 	// Resolved once: the heartbeat path is the hottest there is.
 	heartbeatFrames prometheus.Counter
@@ -96,11 +98,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10)}, []string{"op"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_errors_total",
 			Help: "Store operations that failed, by operation."}, []string{"op"}),
+		resyncs: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "resyncs_total",
+			Help: "Catch-ups of every local viewer after the store may have lost events."}),
+		resyncDeliveries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "resync_deliveries_total",
+			Help: "Changes queued by resyncs: only what differed from what viewers held."}),
 	}
 	reg.MustRegister(m.connections, m.usersOnline, m.heartbeats, m.frames, m.framesRejected,
 		m.connectsRejected, m.heartbeatGap, m.expirations, m.detectionLag, m.graceStarted,
 		m.graceCancellations, m.changes, m.fanout, m.deliveries, m.coalesced, m.dropped,
-		m.slowDisconnects, m.storeLatency, m.storeErrors,
+		m.slowDisconnects, m.storeLatency, m.storeErrors, m.resyncs, m.resyncDeliveries,
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: ns}),
 	)
 	// Every name carries the greendot_ prefix, the Go runtime's too

@@ -116,7 +116,7 @@ func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 		return
 	}
 	if schedule {
-		c.srv.hub.markDirty(c, wake)
+		c.srv.hub.flush.markDirty(c, wake)
 	}
 }
 
@@ -174,7 +174,7 @@ func (c *client) sendSnapshot(users []presence.Presence) {
 	}
 	c.mu.Unlock()
 	if schedule {
-		c.srv.hub.markDirty(c, true)
+		c.srv.hub.flush.markDirty(c, true)
 	}
 }
 

@@ -150,7 +150,7 @@ func New(cfg Config) (*Server, error) {
 		stop:  make(chan struct{}),
 	}
 	s.metrics = newMetrics(cfg.Registry)
-	if c, ok := cfg.Store.(interface{ Collectors() []prometheus.Collector }); ok {
+	if c, ok := cfg.Store.(store.MetricsSource); ok {
 		cfg.Registry.MustRegister(c.Collectors()...)
 	}
 	s.hub = newHub(s)
@@ -211,8 +211,8 @@ func (s *Server) Start() error {
 	s.wg.Add(4)
 	go s.acceptLoop(ln)
 	go s.sweepLoop()
-	go s.hub.flushLoop()
-	go s.hub.workLoop()
+	go s.hub.flush.loop()
+	go s.hub.work.loop()
 	return nil
 }
 
@@ -315,7 +315,7 @@ func (s *Server) sweepLoop() {
 		}
 		cancel()
 		s.metrics.connections.Set(float64(s.hub.count()))
-		if c, ok := s.store.(interface{ Counts() (int, int) }); ok {
+		if c, ok := s.store.(store.Counter); ok {
 			_, present := c.Counts()
 			s.metrics.usersOnline.Set(float64(present))
 		}

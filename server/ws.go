@@ -163,12 +163,13 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		TTLMS:               s.cfg.TTL.Milliseconds(),
 		OfflineGraceMS:      s.cfg.Grace.Milliseconds(),
 	})
-	snap, err := s.snapshot(ctx, c.user, teams)
+	snap, members, err := s.snapshot(ctx, c.user, teams)
 	if err != nil {
 		s.log.Error("snapshot", "err", err)
 		c.closeWith(1011, "store unavailable")
 		return
 	}
+	s.hub.noteSnapshot(c.user, members, snap)
 	c.sendSnapshot(snap)
 	if !id.expiry.IsZero() {
 		c.setExpiry(id.expiry.Sub(now))
@@ -194,36 +195,48 @@ func (s *Server) admit() bool {
 	}
 }
 
-// snapshot lists the users sharing a team with user, present or not: the
-// versions of offline users let the outbox drop what the snapshot covers.
-func (s *Server) snapshot(ctx context.Context, user string, teams []string) ([]presence.Presence, error) {
-	visible, err := s.visibleUsers(ctx, teams, user)
-	if err != nil || len(visible) == 0 {
+// snapshot lists the users sharing a team with user, present or not (the
+// versions of offline users let the outbox drop what the snapshot covers),
+// and the members of each team.
+func (s *Server) snapshot(ctx context.Context, user string, teams []string) ([]presence.Presence, map[string][]string, error) {
+	members, err := s.teamMembers(ctx, teams)
+	if err != nil {
+		return nil, nil, err
+	}
+	ps, err := s.readStates(ctx, union(members, user))
+	return ps, members, err
+}
+
+// teamStates reads the state of every member of team.
+func (s *Server) teamStates(ctx context.Context, team string) ([]presence.Presence, error) {
+	members, err := s.teamMembers(ctx, []string{team})
+	if err != nil {
 		return nil, err
 	}
+	return s.readStates(ctx, members[team])
+}
+
+// readStates reads the states and versions of users (all a snapshot needs).
+func (s *Server) readStates(ctx context.Context, users []string) ([]presence.Presence, error) {
+	if len(users) == 0 {
+		return nil, nil
+	}
 	var ps []presence.Presence
-	err = s.timed(store.OpQuery, func() error {
+	err := s.timed(store.OpQuery, func() error {
 		var err error
-		if st, ok := s.store.(stateReader); ok {
-			ps, err = st.States(ctx, visible)
+		if st, ok := s.store.(store.StateReader); ok {
+			ps, err = st.States(ctx, users)
 		} else {
-			ps, err = s.store.Presence(ctx, visible)
+			ps, err = s.store.Presence(ctx, users)
 		}
 		return err
 	})
 	return ps, err
 }
 
-// stateReader is a store that can read states and versions alone, cheaper
-// than full presence: snapshots need nothing else.
-type stateReader interface {
-	States(ctx context.Context, userIDs []string) ([]presence.Presence, error)
-}
-
-// visibleUsers is the union of the members of teams, without self.
-func (s *Server) visibleUsers(ctx context.Context, teams []string, self string) ([]string, error) {
-	seen := make(map[string]struct{})
-	var out []string
+// teamMembers reads the members of each team.
+func (s *Server) teamMembers(ctx context.Context, teams []string) (map[string][]string, error) {
+	out := make(map[string][]string, len(teams))
 	for _, t := range teams {
 		var members []string
 		err := s.timed(store.OpQuery, func() error {
@@ -234,7 +247,26 @@ func (s *Server) visibleUsers(ctx context.Context, teams []string, self string) 
 		if err != nil {
 			return nil, err
 		}
-		for _, m := range members {
+		out[t] = members
+	}
+	return out, nil
+}
+
+// visibleUsers is the union of the members of teams, without self.
+func (s *Server) visibleUsers(ctx context.Context, teams []string, self string) ([]string, error) {
+	members, err := s.teamMembers(ctx, teams)
+	if err != nil {
+		return nil, err
+	}
+	return union(members, self), nil
+}
+
+// union lists every member of every team once, without self.
+func union(members map[string][]string, self string) []string {
+	seen := make(map[string]struct{})
+	var out []string
+	for _, ms := range members {
+		for _, m := range ms {
 			if _, dup := seen[m]; dup || m == self {
 				continue
 			}
@@ -242,7 +274,7 @@ func (s *Server) visibleUsers(ctx context.Context, teams []string, self string) 
 			out = append(out, m)
 		}
 	}
-	return out, nil
+	return out
 }
 
 func (s *Server) timed(op string, f func() error) error {

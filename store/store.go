@@ -12,6 +12,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/greendot/greendot/presence"
 )
 
@@ -112,11 +114,30 @@ type Watcher interface {
 
 // Resyncer is implemented by handlers that can catch viewers up after a
 // shared store may have missed events (Redis lost data, or messages were
-// lost with a connection). floor is a version above every version published
-// before the call: an offline sent at floor overrides any state a viewer
-// may hold, and later changes carry higher versions.
+// lost with a connection). floor(user) is a version above every version of
+// user published before the call, and below every later one: a state sent
+// at the floor overrides what a viewer holds, and later changes still
+// override it.
 type Resyncer interface {
-	OnResync(floor uint64)
+	OnResync(floor func(userID string) uint64)
+}
+
+// StateReader is implemented by stores that read states and versions alone,
+// cheaper than full presence: a snapshot needs nothing else.
+type StateReader interface {
+	States(ctx context.Context, userIDs []string) ([]presence.Presence, error)
+}
+
+// Counter is implemented by stores that count, for the gauges: this node's
+// live connections and the users not offline (all nodes, for a shared store).
+type Counter interface {
+	Counts() (conns, present int)
+}
+
+// MetricsSource is implemented by stores with metrics of their own, which
+// the server registers beside its own.
+type MetricsSource interface {
+	Collectors() []prometheus.Collector
 }
 
 // Observable is implemented by stores that report outcomes to an Observer;

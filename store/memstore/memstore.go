@@ -45,9 +45,11 @@ type Store struct {
 }
 
 var (
-	_ store.Store      = (*Store)(nil)
-	_ store.Pinger     = (*Store)(nil)
-	_ store.Observable = (*Store)(nil)
+	_ store.Store       = (*Store)(nil)
+	_ store.Pinger      = (*Store)(nil)
+	_ store.Observable  = (*Store)(nil)
+	_ store.StateReader = (*Store)(nil)
+	_ store.Counter     = (*Store)(nil)
 )
 
 // New returns an empty Store.

@@ -2,12 +2,18 @@ package redisstore
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
+)
+
+var (
+	_ store.Counter     = (*Store)(nil)
+	_ store.StateReader = (*Store)(nil)
 )
 
 // flushLoop writes batched heartbeats.
@@ -296,22 +302,42 @@ func (s *Store) recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The subscriptions go-redis re-establishes after an outage ask for a
+	// resync too: wait until they are in place, so that this one resync
+	// covers them. Should that fail, theirs follows on its own.
+	if err := s.subs.sync(ctx); err == nil {
+		s.needResync.Store(false)
+	} else {
+		s.log.Warn("subscriptions not confirmed after an outage", "err", err)
+	}
 	s.resync(ctx)
 	return nil
 }
 
-// resync asks the handler to catch its viewers up, with a version floor
-// taken from Redis's clock (versions are Redis microseconds or above).
+// resync asks the handler to catch its viewers up. The floor of each shard
+// is raised first, on the shard's own clock, so that what the handler
+// reads afterwards is at or below it and every later change above it. If a
+// shard cannot be reached, the resync is asked for again.
 func (s *Store) resync(ctx context.Context) {
 	r, ok := s.handler.(store.Resyncer)
 	if !ok {
 		return
 	}
-	now, err := s.rdb.Time(ctx).Result()
-	if err != nil {
-		return
+	calls := make([]call, numShards)
+	for sh := range calls {
+		calls[sh] = call{key: dlKey(sh), args: []any{prefix(sh)}}
 	}
-	r.OnResync(uint64(now.UnixMicro()))
+	replies, errs := s.evalMany(ctx, s.sc.floor, calls)
+	floors := make([]uint64, numShards)
+	for sh, err := range errs {
+		if err != nil {
+			s.m.errors.WithLabelValues("resync").Inc()
+			s.needResync.Store(true)
+			return
+		}
+		floors[sh], _ = strconv.ParseUint(toString(replies[sh]), 10, 64)
+	}
+	r.OnResync(func(user string) uint64 { return floors[shardOf(user)] })
 }
 
 func asStrings(v any) []string {

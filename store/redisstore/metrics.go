@@ -1,6 +1,10 @@
 package redisstore
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/greendot/greendot/store"
+)
 
 // storeMetrics are the Redis store's own metrics; the server registers them
 // through Collectors. Labels are closed sets.
@@ -40,7 +44,9 @@ func newStoreMetrics() *storeMetrics {
 	}
 }
 
-// Collectors returns the store's metrics for registration.
+var _ store.MetricsSource = (*Store)(nil)
+
+// Collectors implements store.MetricsSource.
 func (s *Store) Collectors() []prometheus.Collector {
 	m := s.m
 	return []prometheus.Collector{m.scriptLatency, m.pipelineSize, m.pubsubLag, m.sweeps,

@@ -21,8 +21,9 @@ end
 -- connection of the user that it has not written back yet.
 local u = P .. 'u:' .. user
 if user ~= '' and redis.call('EXISTS', u) == 0 and redis.call('HLEN', P .. 'uc:' .. user) == 0 then
-  redis.call('HSET', u, 's', 1, 'v', fmt(NOW_US), 'seen', fmt(NOW_MS))
-  redis.call('SET', P .. 'sv:' .. user, '1:' .. fmt(NOW_US))
+  local v = fmt(math.max(NOW_US, num(redis.call('GET', P .. 'fl')) + 1))
+  redis.call('HSET', u, 's', 1, 'v', v, 'seen', fmt(NOW_MS))
+  redis.call('SET', P .. 'sv:' .. user, '1:' .. v)
   local g = NOW_MS + tonumber(ARGV[7])
   redis.call('HSET', u, 'grace', fmt(g))
   redis.call('ZADD', P .. 'grace', g, user)

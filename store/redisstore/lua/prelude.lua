@@ -27,8 +27,9 @@ local function derive(user)
 end
 
 -- Publishes the derived state if it differs from the published one. Versions
--- are the larger of the last one plus one and Redis's clock in microseconds,
--- so they keep increasing even after Redis loses its data.
+-- are the largest of the last one plus one, Redis's clock in microseconds
+-- and the shard's resync floor plus one (floor.lua), so they keep increasing
+-- even after Redis loses its data, and exceed any floor a resync sent.
 local function publish_if_changed(user, out)
   local u = P .. 'u:' .. user
   if redis.call('HEXISTS', u, 'grace') == 1 then return end
@@ -37,7 +38,7 @@ local function publish_if_changed(user, out)
   if s == cur then return end
   -- The shard's count of users not offline, for greendot_users_online.
   if cur == 0 then redis.call('INCR', P .. 'present') elseif s == 0 then redis.call('DECR', P .. 'present') end
-  local v = math.max(num(redis.call('HGET', u, 'v')) + 1, NOW_US)
+  local v = math.max(num(redis.call('HGET', u, 'v')) + 1, NOW_US, num(redis.call('GET', P .. 'fl')) + 1)
   redis.call('HSET', u, 's', s, 'v', fmt(v))
   -- A copy of the state and version as a plain string, so that a snapshot
   -- reads a shard's users with one MGET instead of an HMGET per user. Not a

@@ -1,0 +1,64 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
+)
+
+// OnResync implements store.Resyncer: the store may have lost events (Redis
+// lost data, or a subscription was re-established). Team by team, the
+// members' presence is read again and compared with what the local viewers
+// hold (views); only the differences are sent, so a recovery shows no
+// change where none happened. floor(user) is above every version of user
+// published before the call.
+func (h *hub) OnResync(floor func(userID string) uint64) {
+	if h.views == nil {
+		return
+	}
+	h.work.enqueue(func(context.Context) { h.resync(floor) })
+}
+
+func (h *hub) resync(floor func(string) uint64) {
+	h.srv.metrics.resyncs.Inc()
+	h.mu.RLock()
+	teams := make([]string, 0, len(h.byTeam))
+	for t := range h.byTeam {
+		teams = append(teams, t)
+	}
+	h.mu.RUnlock()
+	sent := 0
+	for _, team := range teams {
+		// A deadline per team: a big node must not run out of time halfway.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		truth, err := h.srv.teamStates(ctx, team)
+		cancel()
+		if err != nil {
+			h.srv.log.Warn("resync", "team", team, "err", err)
+			continue
+		}
+		now := h.srv.cfg.Now().UnixMilli()
+		h.mu.RLock()
+		members := h.byTeam[team]
+		var diff []presence.Change
+		if members != nil {
+			diff = h.views.resync(team, truth, floor)
+		}
+		for _, ch := range diff {
+			wc := protocol.Change{UserID: ch.UserID, State: ch.State.String(), Version: ch.Version, At: now}
+			for lu := range members {
+				if lu.id == ch.UserID {
+					continue
+				}
+				for _, c := range lu.conns {
+					c.push(wc, true)
+					sent++
+				}
+			}
+		}
+		h.mu.RUnlock()
+	}
+	h.srv.metrics.resyncDeliveries.Add(float64(sent))
+}

@@ -1,0 +1,193 @@
+package server
+
+import (
+	"context"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
+	"github.com/greendot/greendot/store"
+)
+
+// OnPresence queues a change for every local connection of every user who
+// shares one of the subject's teams, once each. With a shared store the
+// change arrives once per team channel; views lets the first copy through
+// to the members of all the teams it names, and drops the others.
+func (h *hub) OnPresence(ev store.PresenceEvent) {
+	// The flusher is woken once the change is queued for every viewer, not
+	// at the first: a round must not start with a fan-out half routed.
+	defer h.flush.kick()
+	ch := wireChange(ev.Change)
+	routed := h.views == nil
+	n := 0
+	var seen map[*localUser]struct{}
+	if len(ev.Teams) > 1 {
+		seen = make(map[*localUser]struct{})
+	}
+	h.mu.RLock()
+	for _, t := range ev.Teams {
+		members := h.byTeam[t]
+		if len(members) == 0 || (h.views != nil && !h.views.route(t, ev.Change)) {
+			continue
+		}
+		routed = true
+		for lu := range members {
+			if lu.id == ch.UserID {
+				continue
+			}
+			if seen != nil {
+				if _, dup := seen[lu]; dup {
+					continue
+				}
+				seen[lu] = struct{}{}
+			}
+			for _, c := range lu.conns {
+				c.queue(ch, false, false)
+				n++
+			}
+		}
+	}
+	h.mu.RUnlock()
+	if routed {
+		h.srv.metrics.changes.WithLabelValues(ch.State).Inc()
+		h.srv.metrics.fanout.Observe(float64(n))
+	}
+}
+
+// OnMembership applies rule 7: a join makes the two sides visible to each
+// other at once; after a removal nothing more passes between users who no
+// longer share a team.
+func (h *hub) OnMembership(ev store.MembershipEvent) {
+	others := make(map[string]struct{}, len(ev.UserTeams))
+	for _, t := range ev.UserTeams {
+		if t != ev.Team {
+			others[t] = struct{}{}
+		}
+	}
+	h.mu.Lock()
+	subject := h.users[ev.UserID]
+	if subject != nil && subject.teams != nil {
+		subject.gen++
+		_, member := subject.teams[ev.Team]
+		switch {
+		case ev.Joined && !member:
+			// Indexed only once watched (on the worker): a change routed
+			// through a team not yet subscribed could be missed.
+			h.work.enqueue(func(ctx context.Context) { h.joinWatched(ctx, subject, ev.Team) })
+		case !ev.Joined && member:
+			h.leaveLocked(subject, ev.Team)
+			h.unwatchLater([]string{ev.Team})
+		}
+	} else if subject != nil {
+		subject.gen++ // a load is under way; it will read again
+	}
+	if h.views != nil && h.byTeam[ev.Team] != nil {
+		if ev.Joined {
+			h.views.read(ev.Team, presence.Presence{UserID: ev.UserID, State: ev.State, Version: ev.Version}, false)
+		} else {
+			h.views.forget(ev.Team, ev.UserID)
+		}
+	}
+	for lu := range h.byTeam[ev.Team] {
+		if lu.id == ev.UserID || sharesSet(lu.teams, others) {
+			continue // could see the subject already, and still can
+		}
+		for _, c := range lu.conns {
+			if ev.Joined {
+				if ev.State != presence.Offline {
+					c.push(protocol.Change{UserID: ev.UserID, State: ev.State.String(), Version: ev.Version, At: h.srv.cfg.Now().UnixMilli()}, true)
+				}
+			} else {
+				c.drop(ev.UserID)
+			}
+		}
+	}
+	h.mu.Unlock()
+	if subject != nil {
+		// The subject's own connections need the other side: store queries,
+		// so done off the event path.
+		h.work.enqueue(func(ctx context.Context) { h.reconcileSubject(ctx, ev, others) })
+	}
+}
+
+// reconcileSubject sends a user who joined a team the present members they
+// could not see before, or drops queued changes of members they no longer
+// share a team with.
+func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, others map[string]struct{}) {
+	s := h.srv
+	members, err := s.store.Members(ctx, ev.Team)
+	if err != nil {
+		s.log.Warn("membership reconcile", "err", err)
+		return
+	}
+	otherTeams := make([]string, 0, len(others))
+	for t := range others {
+		otherTeams = append(otherTeams, t)
+	}
+	stillVisible, err := s.visibleUsers(ctx, otherTeams, ev.UserID)
+	if err != nil {
+		s.log.Warn("membership reconcile", "err", err)
+		return
+	}
+	already := make(map[string]struct{}, len(stillVisible))
+	for _, u := range stillVisible {
+		already[u] = struct{}{}
+	}
+	var fresh []string
+	for _, m := range members {
+		if _, ok := already[m]; !ok && m != ev.UserID {
+			fresh = append(fresh, m)
+		}
+	}
+	if len(fresh) == 0 {
+		return
+	}
+	var ps []presence.Presence
+	if ev.Joined {
+		if ps, err = s.store.Presence(ctx, fresh); err != nil {
+			s.log.Warn("membership reconcile", "err", err)
+			return
+		}
+	}
+	now := s.cfg.Now().UnixMilli()
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	lu := h.users[ev.UserID]
+	if lu == nil {
+		return
+	}
+	if _, indexed := lu.teams[ev.Team]; indexed && ev.Joined && h.views != nil {
+		crowded := len(h.byTeam[ev.Team]) > 1
+		for _, p := range ps {
+			h.views.read(ev.Team, p, crowded)
+		}
+	}
+	for _, c := range lu.conns {
+		if !ev.Joined {
+			for _, m := range fresh {
+				c.drop(m)
+			}
+			continue
+		}
+		for _, p := range ps {
+			if p.State != presence.Offline {
+				c.push(protocol.Change{UserID: p.UserID, State: p.State.String(), Version: p.Version, At: now}, true)
+			}
+		}
+	}
+}
+
+func sharesSet(a, b map[string]struct{}) bool {
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	for t := range a {
+		if _, ok := b[t]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+func wireChange(c presence.Change) protocol.Change {
+	return protocol.Change{UserID: c.UserID, State: c.State.String(), Version: c.Version, At: c.At.UnixMilli()}
+}

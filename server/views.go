@@ -1,0 +1,171 @@
+package server
+
+import (
+	"sync"
+
+	"github.com/greendot/greendot/presence"
+)
+
+// views is what this node's viewers hold, team by team: for each team with
+// local members and each subject they may see through it, the newest state
+// and version routed to them or read in their snapshots. Only a shared store
+// needs it (the memory store emits each change once, in order):
+//
+//   - A change reaches a node once per team channel of its subject. The
+//     first copy is delivered to every local member of every team named in
+//     the change; later copies find their version already there and are
+//     dropped. Nothing depends on which copy comes first, nor on the index
+//     changing between copies.
+//   - A resync (after the node may have missed changes) compares the store
+//     with views and sends only what differs.
+//
+// Memory is one entry per team with local members and subject seen through
+// it: bounded by what the local viewers may see. A team's entries go when
+// its last local member leaves.
+type views struct {
+	mu     sync.Mutex
+	byTeam map[string]map[string]view // team → subject → view; guarded by mu
+}
+
+// view is what the local members of one team hold of one subject.
+type view struct {
+	version uint64 // the newest version routed or read: older copies are stale
+	state   presence.State
+	// mixed: some members may hold another state than state (a snapshot read
+	// disagreed with what was routed, or changes were missed). Cleared once a
+	// change at or above version has been delivered to all of them.
+	mixed bool
+}
+
+func newViews() *views {
+	return &views{byTeam: make(map[string]map[string]view)}
+}
+
+// route decides whether a change of subject, arriving for team, is delivered
+// to the team's local members, and records it. A change that moves no dot
+// (same state, newer version, while the members agree) is recorded but not
+// delivered: presence is state, and a restatement would only make clients
+// fire their callbacks again.
+func (v *views) route(team string, ch presence.Change) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	m := v.teamLocked(team)
+	cur, ok := m[ch.UserID]
+	switch {
+	case !ok:
+		m[ch.UserID] = view{version: ch.Version, state: ch.State}
+		return true
+	case ch.Version > cur.version:
+		m[ch.UserID] = view{version: ch.Version, state: ch.State}
+		return cur.mixed || cur.state != ch.State
+	case ch.Version == cur.version && cur.mixed:
+		// Members who read an older state catch up; version is the newest
+		// anyone holds, so after this they all agree.
+		m[ch.UserID] = view{version: ch.Version, state: ch.State}
+		return true
+	}
+	return false // a copy already routed, or older than what they hold
+}
+
+// read records that a member of team was given subject's state (a snapshot,
+// or the catch-up after joining a team). others: the team had other local
+// members already, who may hold something else.
+func (v *views) read(team string, p presence.Presence, others bool) {
+	v.readAll(team, []presence.Presence{p}, others)
+}
+
+// readAll is read for several subjects of one team.
+func (v *views) readAll(team string, ps []presence.Presence, others bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	m := v.teamLocked(team)
+	for _, p := range ps {
+		readLocked(m, p, others)
+	}
+}
+
+func readLocked(m map[string]view, p presence.Presence, others bool) {
+	cur, ok := m[p.UserID]
+	if !ok {
+		// Members already there hold nothing of the subject: offline.
+		m[p.UserID] = view{version: p.Version, state: p.State, mixed: others && p.State != presence.Offline}
+		return
+	}
+	if p.State != cur.state {
+		cur.mixed = true
+	}
+	if p.Version > cur.version {
+		cur.version, cur.state = p.Version, p.State
+	}
+	m[p.UserID] = cur
+}
+
+// forget drops subject from team's views (the subject left the team).
+func (v *views) forget(team, subject string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if m := v.byTeam[team]; m != nil {
+		delete(m, subject)
+	}
+}
+
+// dropTeam drops a team whose last local member left.
+func (v *views) dropTeam(team string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.byTeam, team)
+}
+
+// resync compares the store's truth for a team's members with what the
+// team's local members hold, returns the changes to send them and makes the
+// truth what they hold. floor(subject) is above every version published
+// before the store asked for the resync: a view newer than it came from a
+// change after that, which the read may not show, so it is left alone; a
+// truth older than the view means the store lost data, and the truth is
+// sent at the floor so that it overrides what viewers hold.
+func (v *views) resync(team string, truth []presence.Presence, floor func(string) uint64) []presence.Change {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	old := v.byTeam[team]
+	if old == nil {
+		return nil // the team's last local member left meanwhile
+	}
+	m := make(map[string]view, len(truth))
+	var out []presence.Change
+	for _, t := range truth {
+		cur, ok := old[t.UserID]
+		f := floor(t.UserID)
+		switch {
+		case ok && cur.version > f:
+			m[t.UserID] = cur // newer than this resync: the live path has it
+			continue
+		case !ok:
+			if t.State != presence.Offline {
+				out = append(out, presence.Change{UserID: t.UserID, State: t.State, Version: t.Version})
+			}
+		case t.Version >= cur.version:
+			if cur.mixed || cur.state != t.State {
+				out = append(out, presence.Change{UserID: t.UserID, State: t.State, Version: t.Version})
+			}
+		case cur.mixed || cur.state != t.State: // the store lost what they hold
+			t.Version = f
+			out = append(out, presence.Change{UserID: t.UserID, State: t.State, Version: f})
+		default:
+			t.Version = cur.version
+		}
+		m[t.UserID] = view{version: t.Version, state: t.State}
+	}
+	// Subjects no longer members are not carried over: nothing more is sent
+	// between users who no longer share the team.
+	v.byTeam[team] = m
+	return out
+}
+
+func (v *views) teamLocked(team string) map[string]view {
+	m := v.byTeam[team]
+	if m == nil {
+		m = make(map[string]view)
+		v.byTeam[team] = m
+	}
+	return m
+}
