@@ -34,7 +34,7 @@ func (o *oracle) dump(path string) error {
 	}
 	fmt.Fprintln(b, "\nmemberships:")
 	for _, s := range o.w.spans {
-		fmt.Fprintf(b, "  %s %s %s..%s\n", s.team, s.user, at(s.from), at(s.to))
+		fmt.Fprintf(b, "  %s %s %s..%s (sure %s..%s)\n", s.team, s.user, at(s.from), at(s.to), at(s.joined), at(s.leaving))
 	}
 	devs := slices.Clone(o.devs)
 	slices.SortFunc(devs, func(a, b *devCopy) int {

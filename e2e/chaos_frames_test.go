@@ -28,27 +28,64 @@ type wireEntry struct {
 type rawConn struct {
 	node   string
 	dialed time.Time
-	conn   net.Conn
+	conn   *tapConn
 
 	mu        sync.Mutex
 	upgraded  bool // the HTTP answer was 101
 	entries   []wireEntry
-	reconnect time.Time // when a reconnect frame arrived (drain)
-	closeRecv time.Time // when a close frame arrived
+	reconnect time.Time     // when a reconnect frame arrived (drain)
+	closeRecv time.Time     // when a close frame arrived
+	frozen    chan struct{} // non-nil while the device does not read
 	parser    frameParser
 }
 
+// tapConn is the client's socket: it records what the server sends and,
+// while its device is frozen, stops reading it (the client's own Freeze
+// stops sending only).
 type tapConn struct {
 	net.Conn
-	rc *rawConn
+	rc        *rawConn
+	closeOnce sync.Once
+	closed    chan struct{} // closed by Close
 }
 
 func (c *tapConn) Read(p []byte) (int, error) {
+	if g := c.rc.gate(); g != nil {
+		select {
+		case <-g:
+		case <-c.closed:
+			return 0, net.ErrClosed
+		}
+	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.rc.feed(p[:n], time.Now())
 	}
 	return n, err
+}
+
+func (c *tapConn) Close() error {
+	c.closeOnce.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// gate is open (nil) unless the device is frozen: then reads wait for it.
+func (rc *rawConn) gate() chan struct{} {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.frozen
+}
+
+func (rc *rawConn) setFrozen(on bool) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	switch {
+	case on && rc.frozen == nil:
+		rc.frozen = make(chan struct{})
+	case !on && rc.frozen != nil:
+		close(rc.frozen)
+		rc.frozen = nil
+	}
 }
 
 func (rc *rawConn) feed(b []byte, now time.Time) {

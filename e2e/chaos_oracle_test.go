@@ -201,7 +201,7 @@ type oracle struct {
 	from, to time.Time
 	devs     []*devCopy
 	users    map[string]*userTruth
-	shared   map[[2]string][]interval
+	shared   map[sharedKey][]interval
 
 	fig        map[string]int
 	secs       map[string]time.Duration
@@ -211,7 +211,7 @@ type oracle struct {
 
 func newOracle(w *world, from, to time.Time) *oracle {
 	o := &oracle{w: w, tm: w.cfg.tm, from: from, to: to, users: map[string]*userTruth{},
-		shared: map[[2]string][]interval{}, fig: map[string]int{}, secs: map[string]time.Duration{},
+		shared: map[sharedKey][]interval{}, fig: map[string]int{}, secs: map[string]time.Duration{},
 		lags: map[string][]time.Duration{}, violations: map[string][]string{}}
 	for _, u := range w.cfg.userIDs() {
 		o.users[u] = &userTruth{id: u}
@@ -407,31 +407,40 @@ func (o *oracle) buildTruth(u *userTruth) {
 	}
 }
 
-// sharedIntervals is when users a and b shared at least one team.
-func (o *oracle) sharedIntervals(a, b string) []interval {
-	key := [2]string{a, b}
+// sharedIntervals is when users a and b shared at least one team: surely
+// (certain), or possibly (the requests in flight count).
+func (o *oracle) sharedIntervals(a, b string, certain bool) []interval {
 	if a > b {
-		key = [2]string{b, a}
+		a, b = b, a
 	}
+	key := sharedKey{a, b, certain}
 	if iv, ok := o.shared[key]; ok {
 		return iv
 	}
+	span := func(s *memberSpan) (interval, bool) {
+		if certain {
+			return s.certain()
+		}
+		return s.interval, true
+	}
 	var out []interval
 	for _, sa := range o.w.spans {
-		if sa.user != a {
+		ia, ok := span(sa)
+		if sa.user != a || !ok {
 			continue
 		}
 		for _, sb := range o.w.spans {
-			if sb.user != b || sb.team != sa.team {
+			ib, ok := span(sb)
+			if sb.user != b || sb.team != sa.team || !ok {
 				continue
 			}
-			from := sa.from
-			if sb.from.After(from) {
-				from = sb.from
+			from := ia.from
+			if ib.from.After(from) {
+				from = ib.from
 			}
-			to := sa.to
-			if to.IsZero() || (!sb.to.IsZero() && sb.to.Before(to)) {
-				to = sb.to
+			to := ia.to
+			if to.IsZero() || (!ib.to.IsZero() && ib.to.Before(to)) {
+				to = ib.to
 			}
 			if to.IsZero() || to.After(from) {
 				out = append(out, interval{from: from, to: to})
@@ -454,10 +463,15 @@ func (o *oracle) sharedIntervals(a, b string) []interval {
 	return merged
 }
 
-// visibleSince returns when a and b began to share a team for good up to t
-// (zero if they share none at t).
+type sharedKey struct {
+	a, b    string
+	certain bool
+}
+
+// visibleSince returns since when a and b surely share a team without a
+// break up to t (zero if they do not surely share one at t).
 func (o *oracle) visibleSince(a, b string, t time.Time) time.Time {
-	for _, iv := range o.sharedIntervals(a, b) {
+	for _, iv := range o.sharedIntervals(a, b, true) {
 		if iv.contains(t) {
 			return iv.from
 		}
@@ -465,8 +479,10 @@ func (o *oracle) visibleSince(a, b string, t time.Time) time.Time {
 	return time.Time{}
 }
 
+// visibleDuring reports whether a and b may have shared a team at some
+// moment of [from, to].
 func (o *oracle) visibleDuring(a, b string, from, to time.Time) bool {
-	for _, iv := range o.sharedIntervals(a, b) {
+	for _, iv := range o.sharedIntervals(a, b, false) {
 		if iv.overlaps(from, to) {
 			return true
 		}
@@ -654,7 +670,7 @@ func (o *oracle) judgeOffline(v *devCopy, node string, u *userTruth, ch client.C
 		false_, piece = u.mustOnline(a, g, nil)
 	}
 	if false_ {
-		if ok, _ := u.mustOnline(a, g, o.cutOff); !ok && !ch.FromSnapshot {
+		if ok, _ := u.mustOnline(a, g, o.cutOff); !ok {
 			o.fig["released (node cut off)"]++
 			return
 		}

@@ -127,10 +127,12 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 		k := 1 + w.rng.IntN(2)
 		for _, i := range w.rng.Perm(len(teams))[:k] {
 			w.members[teams[i]][u] = true
-			w.spans = append(w.spans, &memberSpan{team: teams[i], user: u, interval: interval{from: time.Now()}})
+			span := &memberSpan{team: teams[i], user: u, interval: interval{from: time.Now()}}
+			w.spans = append(w.spans, span)
 			if !w.memberCall(teams[i], u, true, 10*time.Second) {
 				t.Fatalf("could not add %s to %s", u, teams[i])
 			}
+			span.joined = time.Now()
 		}
 	}
 	// Devices: one per user, then more up to the target.
@@ -546,6 +548,7 @@ func (w *world) closeAll() {
 		d.state = devClosed
 		w.mu.Unlock()
 		if c != nil && st != devClosed {
+			d.unblockReads()
 			_ = c.Close()
 		}
 	}

@@ -233,12 +233,14 @@ func (d *device) dial(ctx context.Context, network, _ string) (net.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
-	rc := &rawConn{node: n.name, dialed: now, conn: conn}
+	rc := &rawConn{node: n.name, dialed: now}
+	tc := &tapConn{Conn: conn, rc: rc, closed: make(chan struct{})}
+	rc.conn = tc
 	d.mu.Lock()
 	d.raws = append(d.raws, rc)
 	d.lastRaw = rc
 	d.mu.Unlock()
-	return &tapConn{Conn: conn, rc: rc}, nil
+	return tc, nil
 }
 
 func (d *device) onState(sc client.StateChange) {
@@ -335,11 +337,23 @@ func (d *device) wantedStatus() string {
 	return d.statuses[len(d.statuses)-1].state
 }
 
-// memberSpan is a user's membership of a team as the harness made it: from
-// the moment the PUT was sent to the moment the DELETE was answered.
+// memberSpan is a user's membership of a team as the harness made it. It
+// may hold from the moment the PUT was sent to the moment the DELETE was
+// answered (interval), and surely holds from the PUT's answer to the
+// DELETE's sending (joined, leaving; joined zero if the PUT never got its
+// 204).
 type memberSpan struct {
 	team, user string
 	interval
+	joined, leaving time.Time
+}
+
+// certain is when the membership surely held.
+func (s *memberSpan) certain() (interval, bool) {
+	if s.joined.IsZero() || (!s.leaving.IsZero() && !s.leaving.After(s.joined)) {
+		return interval{}, false
+	}
+	return interval{from: s.joined, to: s.leaving}, true
 }
 
 // faultWindow is a fault from its start to the moment it was over (the
@@ -486,6 +500,7 @@ func (w *world) closeDevice(d *device, kind string) {
 	}
 	d.closedAt = now
 	d.mu.Unlock()
+	d.unblockReads()
 	w.mu.Lock()
 	c := d.c
 	d.state = devClosed
@@ -495,6 +510,16 @@ func (w *world) closeDevice(d *device, kind string) {
 		defer w.bg.Done()
 		_ = c.Close()
 	}()
+}
+
+// unblockReads lets a frozen device's sockets be read again, so that its
+// client can be closed.
+func (d *device) unblockReads() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, rc := range d.raws {
+		rc.setFrozen(false)
+	}
 }
 
 // frozen returns when the open freeze began; d.mu held.
@@ -527,7 +552,7 @@ func (w *world) dropDevice(d *device, back bool) {
 	} else {
 		d.hintEnd("blip", now)
 	}
-	if tc, ok := raw.conn.(*net.TCPConn); ok {
+	if tc, ok := raw.conn.Conn.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
 	}
 	_ = raw.conn.Close()
@@ -540,11 +565,16 @@ func (w *world) dropDevice(d *device, back bool) {
 	}
 }
 
+// freezeDevice makes a hung client: it stops sending (heartbeats, pongs)
+// and reading, its socket open.
 func (w *world) freezeDevice(d *device) {
 	now := time.Now()
 	d.c.Freeze(true)
 	d.mu.Lock()
 	d.freezes = append(d.freezes, interval{from: now})
+	for _, rc := range d.raws {
+		rc.setFrozen(true)
+	}
 	d.mu.Unlock()
 	w.mu.Lock()
 	d.state = devFrozen
@@ -556,6 +586,9 @@ func (w *world) thawDevice(d *device) {
 	d.mu.Lock()
 	if n := len(d.freezes); n > 0 && d.freezes[n-1].to.IsZero() {
 		d.freezes[n-1].to = now
+	}
+	for _, rc := range d.raws {
+		rc.setFrozen(false)
 	}
 	d.mu.Unlock()
 	d.c.Freeze(false)
@@ -597,6 +630,9 @@ func (w *world) setMember(team, user string, join bool) {
 				span = s
 			}
 		}
+		if span != nil {
+			span.leaving = now
+		}
 		w.members[team][user] = false
 	}
 	w.mu.Unlock()
@@ -607,8 +643,11 @@ func (w *world) setMember(team, user string, join bool) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		delete(w.busyPair, key)
-		if !join && span != nil {
+		switch {
+		case !join && span != nil:
 			span.to = time.Now()
+		case join && ok:
+			span.joined = time.Now()
 		}
 		if !ok {
 			w.counts["membership call failed"]++

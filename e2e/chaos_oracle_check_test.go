@@ -1,0 +1,179 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/client"
+)
+
+// TestChaosOracle feeds the oracle hand-made histories, so that it is known
+// to catch what it claims to catch and to pass what is right.
+func TestChaosOracle(t *testing.T) {
+	s := func(d float64) time.Duration { return time.Duration(d * float64(time.Second)) }
+	type change struct {
+		at, recv float64 // seconds from the start; at 0: none (a snapshot)
+		user     string
+		state    string
+		prev     string
+		version  uint64
+	}
+	type wire struct {
+		recv     float64
+		snapshot bool
+		user     string
+		state    string
+		version  uint64
+	}
+	type sess struct {
+		from, to float64 // to 0: open
+		node     string
+		kind     string
+	}
+	type fault struct {
+		kind     string
+		node     string
+		from, to float64
+	}
+	type hist struct {
+		subject []sess // u01's device
+		changes []change
+		wire    []wire
+		faults  []fault
+		want    map[string]int // figures that must be this (0: must be absent)
+	}
+	online := func(recv float64) change {
+		return change{recv: recv, user: "u01", state: "online", version: 1}
+	}
+	cases := map[string]hist{
+		"a clean close, the offline after the grace": {
+			subject: []sess{{0, 10, "b", "closed"}},
+			changes: []change{online(0.1), {11.5, 11.6, "u01", "offline", "online", 2}},
+			wire:    []wire{{0.1, true, "u01", "online", 1}, {11.6, false, "u01", "offline", 2}},
+			want:    map[string]int{"false offline": 0, "ghost": 0, "doubled": 0, "out of order": 0, "visibility": 0, "spurious": 0},
+		},
+		"no offline ever comes: a ghost": {
+			subject: []sess{{0, 10, "b", "closed"}},
+			changes: []change{online(0.1)},
+			want:    map[string]int{"ghost": 1},
+		},
+		"an offline while the device is live": {
+			subject: []sess{{0, 0, "b", ""}},
+			changes: []change{online(0.1), {5, 5.1, "u01", "offline", "online", 2}},
+			want:    map[string]int{"false offline": 1},
+		},
+		"an offline before the grace is over": {
+			subject: []sess{{0, 10, "b", "closed"}},
+			changes: []change{online(0.1), {10.5, 10.6, "u01", "offline", "online", 2}},
+			want:    map[string]int{"false offline": 1},
+		},
+		"a reconnect within the grace, shown online throughout": {
+			subject: []sess{{0, 10, "b", "blip"}, {10.8, 0, "a", ""}},
+			changes: []change{online(0.1)},
+			want:    map[string]int{"false offline": 0, "ghost": 0, "missed online episodes": 0},
+		},
+		"a reconnect within the grace, yet an offline": {
+			subject: []sess{{0, 10, "b", "blip"}, {10.8, 0, "a", ""}},
+			changes: []change{online(0.1), {11.2, 11.3, "u01", "offline", "online", 2}},
+			want:    map[string]int{"false offline": 1},
+		},
+		"the offline twice": {
+			subject: []sess{{0, 10, "b", "closed"}},
+			changes: []change{online(0.1), {11.5, 11.6, "u01", "offline", "online", 2}, {12, 12.1, "u01", "offline", "offline", 3}},
+			want:    map[string]int{"doubled": 1},
+		},
+		"versions going back on a connection": {
+			subject: []sess{{0, 0, "b", ""}},
+			changes: []change{online(0.1)},
+			wire:    []wire{{0.1, true, "u01", "online", 5}, {3, false, "u01", "online", 4}},
+			want:    map[string]int{"out of order": 1},
+		},
+		"the same version twice, outside any recovery": {
+			subject: []sess{{0, 0, "b", ""}},
+			changes: []change{online(0.1)},
+			wire:    []wire{{0.1, true, "u01", "online", 5}, {13, false, "u01", "online", 5}},
+			want:    map[string]int{"doubled": 1},
+		},
+		"a user who shares no team": {
+			subject: []sess{{0, 0, "b", ""}},
+			changes: []change{online(0.1)},
+			wire:    []wire{{0.1, true, "u01", "online", 1}, {4, false, "u02", "online", 1}},
+			want:    map[string]int{"visibility": 1},
+		},
+		"the viewer itself": {
+			subject: []sess{{0, 0, "b", ""}},
+			changes: []change{online(0.1)},
+			wire:    []wire{{4, false, "u00", "online", 1}},
+			want:    map[string]int{"self": 1},
+		},
+		"away shown while the device is online": {
+			subject: []sess{{0, 0, "b", ""}},
+			changes: []change{online(0.1), {5, 5.1, "u01", "away", "online", 2}},
+			want:    map[string]int{"spurious": 1, "wrong status episodes": 1},
+		},
+		"released by the others while its node is cut off": {
+			subject: []sess{{0, 0, "b", ""}},
+			changes: []change{online(0.1), {7.6, 7.7, "u01", "offline", "online", 2}, {9.6, 9.7, "u01", "online", "offline", 3}},
+			faults:  []fault{{"partition 7s", "b", 2, 9}},
+			want:    map[string]int{"false offline": 0, "released (node cut off)": 1, "missed online episodes": 0},
+		},
+		"an offline in a short partition is false": {
+			subject: []sess{{0, 0, "b", ""}},
+			changes: []change{online(0.1), {3, 3.1, "u01", "offline", "online", 2}, {4.6, 4.7, "u01", "online", "offline", 3}},
+			faults:  []fault{{"partition 1.5s", "b", 2, 3.5}},
+			want:    map[string]int{"false offline": 1},
+		},
+	}
+	for name, h := range cases {
+		t.Run(name, func(t *testing.T) {
+			base := time.Now().Add(-time.Minute)
+			at := func(x float64) time.Time { return base.Add(s(x)) }
+			w := &world{t: t, cfg: chaosConfig{users: 3, teams: 2, tm: timing{ttl: 3 * time.Second, heartbeat: time.Second, grace: 1500 * time.Millisecond}},
+				start: base, end: at(30), counts: map[string]int{}}
+			w.spans = []*memberSpan{
+				{team: "t0", user: "u00", interval: interval{from: at(-10)}, joined: at(-10)},
+				{team: "t0", user: "u01", interval: interval{from: at(-10)}, joined: at(-10)},
+				{team: "t1", user: "u02", interval: interval{from: at(-10)}, joined: at(-10)},
+			}
+			for _, f := range h.faults {
+				w.faults = append(w.faults, &faultWindow{kind: f.kind, node: f.node, interval: interval{from: at(f.from), to: at(f.to)}})
+			}
+			viewer := &device{w: w, id: 1, user: "u00", name: "d1"}
+			viewer.sessions = []*session{{start: at(-5), node: "a"}}
+			rc := &rawConn{node: "a", dialed: at(-5.1)}
+			for _, e := range h.wire {
+				rc.entries = append(rc.entries, wireEntry{recv: at(e.recv), snapshot: e.snapshot, user: e.user, state: e.state, version: e.version})
+			}
+			viewer.raws = []*rawConn{rc}
+			for _, c := range h.changes {
+				ch := client.Change{UserID: c.user, State: c.state, Previous: c.prev, Version: c.version, Received: at(c.recv), FromSnapshot: c.at == 0}
+				if c.at != 0 {
+					ch.At = at(c.at)
+				}
+				viewer.changes = append(viewer.changes, ch)
+			}
+			subject := &device{w: w, id: 2, user: "u01", name: "d2"}
+			for _, ss := range h.subject {
+				se := &session{start: at(ss.from), node: ss.node, endKind: ss.kind}
+				if ss.to != 0 {
+					se.end = at(ss.to)
+				}
+				subject.sessions = append(subject.sessions, se)
+				subject.attempts = append(subject.attempts, &attempt{from: at(ss.from - 0.05), to: at(ss.from), node: ss.node, ok: true})
+			}
+			// The subject sees the viewer, which is online throughout.
+			subject.changes = []client.Change{{UserID: "u00", State: "online", Version: 1, Received: at(h.subject[0].from), FromSnapshot: true}}
+			w.devices = []*device{viewer, subject}
+			o := newOracle(w, at(0), at(30))
+			o.judgeChanges()
+			o.judgeFrames()
+			o.judgeScreens()
+			for fig, want := range h.want {
+				if got := o.fig[fig]; got != want {
+					t.Errorf("%s = %d, want %d; figures %v; violations %v", fig, got, want, o.fig, fmt.Sprint(o.violations))
+				}
+			}
+		})
+	}
+}
