@@ -82,12 +82,10 @@ func (c chaosConfig) teamIDs() []string {
 }
 
 func runChaos(t *testing.T, cfg chaosConfig) {
-	h := fnv.New64a()
-	h.Write([]byte(cfg.topology))
-	w := &world{t: t, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.seed, h.Sum64())),
-		lbRng:   rand.New(rand.NewPCG(cfg.seed, h.Sum64()+1)),
+	w := &world{t: t, cfg: cfg,
 		api:     &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 		members: map[string]map[string]bool{}, busyPair: map[string]bool{}, counts: map[string]int{}}
+	w.rng, w.lbRng = w.rand(0), w.rand(2<<32)
 	t.Cleanup(w.api.CloseIdleConnections)
 	logDir := os.Getenv("GREENDOT_CHAOS_LOGDIR")
 	if logDir == "" {
@@ -217,29 +215,27 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 }
 
 // run is the scheduler: a client action every 150-350 ms, and a node or
-// Redis fault at a time, drawn from a shuffled deck of every kind.
+// Redis fault at a time, from a plan drawn at the start (a shuffled deck of
+// every kind, about every 5-8 s). Each fault and each tick draws from its
+// own generator, derived from the seed, so that a replay makes the same
+// decisions even where the world answers differently.
 func (w *world) run() {
-	deadline := w.start.Add(w.cfg.duration)
-	nextBig := w.start.Add(w.jit(2*time.Second, 4*time.Second))
+	plan := w.planFaults()
 	bigDone := make(chan struct{}, 1)
 	busy := false
-	var deck []string
-	for time.Now().Before(deadline) {
-		time.Sleep(w.jit(150*time.Millisecond, 350*time.Millisecond))
+	for tick := uint64(0); time.Since(w.start) < w.cfg.duration; tick++ {
+		r := w.rand(1<<32 + tick)
+		time.Sleep(jit(r, 150*time.Millisecond, 350*time.Millisecond))
 		w.dueFreezes(false)
-		w.clientAction()
+		w.clientAction(r)
 		select {
 		case <-bigDone:
 			busy = false
-			nextBig = time.Now().Add(w.jit(2*time.Second, 5*time.Second))
 		default:
 		}
-		if !busy && time.Now().After(nextBig) && time.Now().Add(5*time.Second).Before(deadline) {
-			if len(deck) == 0 {
-				deck = w.deck()
-			}
-			f := w.prepare(deck[0])
-			deck = deck[1:]
+		if !busy && len(plan) > 0 && time.Since(w.start) >= plan[0].at {
+			f := plan[0].run
+			plan = plan[1:]
 			busy = true
 			w.bg.Add(1)
 			go func() {
@@ -255,50 +251,74 @@ func (w *world) run() {
 	w.dueFreezes(true)
 }
 
-func (w *world) jit(lo, hi time.Duration) time.Duration {
-	return lo + time.Duration(w.rng.Int64N(int64(hi-lo)+1))
+// rand is the generator of one decision stream, derived from the seed.
+func (w *world) rand(stream uint64) *rand.Rand {
+	h := fnv.New64a()
+	h.Write([]byte(w.cfg.topology))
+	return rand.New(rand.NewPCG(w.cfg.seed, h.Sum64()^stream))
 }
 
-func (w *world) deck() []string {
+func jit(r *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(r.Int64N(int64(hi-lo)+1))
+}
+
+type plannedFault struct {
+	at   time.Duration // from the start; later if the previous one still runs
+	kind string
+	run  func()
+}
+
+func (w *world) planFaults() []plannedFault {
 	kinds := []string{"kill -9", "kill -9", "drain", "redis restart", "redis restart empty", "flushall",
 		"partition short", "partition long", "latency"}
-	w.rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
-	return kinds
+	r := w.rand(1)
+	var plan []plannedFault
+	at := jit(r, 2*time.Second, 4*time.Second)
+	var deck []string
+	for k := uint64(0); at < w.cfg.duration-5*time.Second; k++ {
+		if len(deck) == 0 {
+			deck = slices.Clone(kinds)
+			r.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+		}
+		plan = append(plan, plannedFault{at: at, kind: deck[0], run: w.prepare(deck[0], w.rand(2+k))})
+		deck = deck[1:]
+		at += jit(r, 5*time.Second, 8*time.Second)
+	}
+	return plan
 }
 
-// prepare draws a fault's parameters (on the scheduler, so that the seed
-// decides them) and returns it.
-func (w *world) prepare(kind string) func() {
-	n := w.nodes[w.rng.IntN(len(w.nodes))]
+// prepare draws a fault's parameters and returns it.
+func (w *world) prepare(kind string, r *rand.Rand) func() {
+	n := w.nodes[r.IntN(len(w.nodes))]
 	switch kind {
 	case "kill -9":
-		down := w.jit(200*time.Millisecond, 3*time.Second)
+		down := jit(r, 200*time.Millisecond, 3*time.Second)
 		return func() { w.restartNode(n, false, down) }
 	case "drain":
-		down := w.jit(0, 1500*time.Millisecond)
+		down := jit(r, 0, 1500*time.Millisecond)
 		return func() { w.restartNode(n, true, down) }
 	}
-	return w.topo.prepare(w, kind)
+	return w.topo.prepare(w, kind, r)
 }
 
 // redisTopology is the Redis side's faults.
 type redisTopology interface {
 	url(node int) string
-	prepare(w *world, kind string) func()
+	prepare(w *world, kind string, r *rand.Rand) func()
 }
 
-func (r *chaosRedis) prepare(w *world, kind string) func() {
-	i := w.rng.IntN(len(r.proxies))
+func (rd *chaosRedis) prepare(w *world, kind string, r *rand.Rand) func() {
+	i := r.IntN(len(rd.proxies))
 	node := w.nodes[i].name
-	p := r.proxies[i]
+	p := rd.proxies[i]
 	switch kind {
 	case "redis restart", "redis restart empty":
-		down := w.jit(500*time.Millisecond, 5*time.Second)
+		down := jit(r, 500*time.Millisecond, 5*time.Second)
 		empty := kind == "redis restart empty"
 		return func() {
 			f := w.openFault(kind, "", true, fmt.Sprintf("down %v", down.Round(10*time.Millisecond)))
 			defer w.closeFault(f)
-			if err := restartRedis(w.t, r.srv, down, empty); err != nil {
+			if err := restartRedis(w.t, rd.srv, down, empty); err != nil {
 				w.note("%s: %v", kind, err)
 			}
 			if empty {
@@ -309,15 +329,15 @@ func (r *chaosRedis) prepare(w *world, kind string) func() {
 		return func() {
 			f := w.openFault(kind, "", true, "")
 			defer w.closeFault(f)
-			if _, err := r.srv.Do("FLUSHALL"); err != nil {
+			if _, err := rd.srv.Do("FLUSHALL"); err != nil {
 				w.note("FLUSHALL: %v", err)
 			}
 			w.restoreMembership()
 		}
 	case "partition short", "partition long":
-		d := w.jit(time.Second, 1800*time.Millisecond)
+		d := jit(r, time.Second, 1800*time.Millisecond)
 		if kind == "partition long" {
-			d = w.jit(4500*time.Millisecond, 7*time.Second)
+			d = jit(r, 4500*time.Millisecond, 7*time.Second)
 		}
 		return func() {
 			f := w.openFault("partition "+d.Round(10*time.Millisecond).String(), node, false, "")
@@ -327,8 +347,8 @@ func (r *chaosRedis) prepare(w *world, kind string) func() {
 			w.closeFault(f)
 		}
 	case "latency":
-		lat := w.jit(50*time.Millisecond, 300*time.Millisecond)
-		d := w.jit(2*time.Second, 5*time.Second)
+		lat := jit(r, 50*time.Millisecond, 300*time.Millisecond)
+		d := jit(r, 2*time.Second, 5*time.Second)
 		return func() {
 			f := w.openFault("latency "+lat.Round(time.Millisecond).String(), node, false, fmt.Sprintf("for %v", d.Round(10*time.Millisecond)))
 			p.SetLatency(lat)
@@ -340,13 +360,13 @@ func (r *chaosRedis) prepare(w *world, kind string) func() {
 	panic("unknown fault " + kind)
 }
 
-func (c *chaosCluster) prepare(w *world, kind string) func() {
-	i := w.rng.IntN(len(c.masters))
+func (c *chaosCluster) prepare(w *world, kind string, r *rand.Rand) func() {
+	i := r.IntN(len(c.masters))
 	m, p := c.masters[i], c.proxies[i]
 	label := fmt.Sprintf("master %d", i)
 	switch kind {
 	case "redis restart", "redis restart empty":
-		down := w.jit(500*time.Millisecond, 4*time.Second)
+		down := jit(r, 500*time.Millisecond, 4*time.Second)
 		empty := kind == "redis restart empty"
 		return func() {
 			f := w.openFault(kind, "", true, fmt.Sprintf("%s down %v", label, down.Round(10*time.Millisecond)))
@@ -373,9 +393,9 @@ func (c *chaosCluster) prepare(w *world, kind string) func() {
 			w.restoreMembership()
 		}
 	case "partition short", "partition long":
-		d := w.jit(time.Second, 1800*time.Millisecond)
+		d := jit(r, time.Second, 1800*time.Millisecond)
 		if kind == "partition long" {
-			d = w.jit(4500*time.Millisecond, 7*time.Second)
+			d = jit(r, 4500*time.Millisecond, 7*time.Second)
 		}
 		return func() {
 			f := w.openFault("partition "+d.Round(10*time.Millisecond).String(), "", true, label+" from every node")
@@ -385,8 +405,8 @@ func (c *chaosCluster) prepare(w *world, kind string) func() {
 			w.closeFault(f)
 		}
 	case "latency":
-		lat := w.jit(50*time.Millisecond, 300*time.Millisecond)
-		d := w.jit(2*time.Second, 5*time.Second)
+		lat := jit(r, 50*time.Millisecond, 300*time.Millisecond)
+		d := jit(r, 2*time.Second, 5*time.Second)
 		return func() {
 			f := w.openFault("latency "+lat.Round(time.Millisecond).String(), "", true, fmt.Sprintf("%s for %v", label, d.Round(10*time.Millisecond)))
 			p.SetLatency(lat)
@@ -399,7 +419,7 @@ func (c *chaosCluster) prepare(w *world, kind string) func() {
 }
 
 // clientAction does one thing a user or an operator does.
-func (w *world) clientAction() {
+func (w *world) clientAction(r *rand.Rand) {
 	w.mu.Lock()
 	var open []*device
 	perUser := map[string]int{}
@@ -436,7 +456,7 @@ func (w *world) clientAction() {
 	for _, c := range choices {
 		sum += c.weight
 	}
-	x := w.rng.Float64() * sum
+	x := r.Float64() * sum
 	var pick string
 	for _, c := range choices {
 		if x < c.weight {
@@ -450,12 +470,12 @@ func (w *world) clientAction() {
 	}
 	var d *device
 	if len(open) > 0 {
-		d = open[w.rng.IntN(len(open))]
+		d = open[r.IntN(len(open))]
 	}
 	switch pick {
 	case "connect":
 		users := w.cfg.userIDs()
-		u := users[w.rng.IntN(len(users))]
+		u := users[r.IntN(len(users))]
 		if perUser[u] >= w.cfg.perUser {
 			return
 		}
@@ -478,8 +498,8 @@ func (w *world) clientAction() {
 			return
 		}
 		w.count("freeze")
-		thawIn := w.jit(time.Second, 6*time.Second)
-		toClose := w.rng.IntN(3) == 0
+		thawIn := jit(r, time.Second, 6*time.Second)
+		toClose := r.IntN(3) == 0
 		w.freezeDevice(d)
 		w.mu.Lock()
 		d.thawAt, d.thawToClose = time.Now().Add(thawIn), toClose
@@ -500,7 +520,7 @@ func (w *world) clientAction() {
 		}
 		teams := w.cfg.teamIDs()
 		users := w.cfg.userIDs()
-		team, u := teams[w.rng.IntN(len(teams))], users[w.rng.IntN(len(users))]
+		team, u := teams[r.IntN(len(teams))], users[r.IntN(len(users))]
 		w.mu.Lock()
 		in := w.members[team][u]
 		n := 0
@@ -510,7 +530,7 @@ func (w *world) clientAction() {
 			}
 		}
 		w.mu.Unlock()
-		if in && n < 2 && w.rng.IntN(3) > 0 {
+		if in && n < 2 && r.IntN(3) > 0 {
 			return // keep most users in some team
 		}
 		w.count("membership")
