@@ -681,10 +681,16 @@ func (o *oracle) judgeOffline(v *devCopy, node string, u *userTruth, ch client.C
 	}
 	// A true offline: how long after the user's last device went.
 	if end, p := u.lastLiveEnd(ch.Received); p != nil && u.segAt(ch.Received).sure == "offline" && !ch.FromSnapshot {
+		for _, f := range v.freezes {
+			if f.overlaps(end, ch.Received) {
+				return // the viewer did not read meanwhile
+			}
+		}
 		lag := ch.Received.Sub(end)
 		cause := p.kind
 		if o.excused(node, u, ch.Received, o.tm.ttl+o.tm.grace+2*time.Second) != nil {
-			cause = "during a Redis or network fault"
+			o.lags["in a Redis or network fault"] = append(o.lags["in a Redis or network fault"], lag)
+			return
 		}
 		o.lags["all"] = append(o.lags["all"], lag)
 		o.lags[cause] = append(o.lags[cause], lag)

@@ -699,7 +699,17 @@ func (w *world) report(o *oracle, settleTook time.Duration, settled bool) {
 	w.mu.Unlock()
 	counted := map[string]int{}
 	for _, k := range faults {
-		counted[strings.Fields(k)[0]]++
+		switch f := strings.Fields(k); f[0] {
+		case "partition":
+			if d, err := time.ParseDuration(f[1]); err == nil && d < 2*time.Second {
+				k = "partition <2s"
+			} else {
+				k = "partition ≥2s"
+			}
+		case "latency":
+			k = "latency"
+		}
+		counted[k]++
 	}
 	var fsum []string
 	for k, n := range counted {
@@ -728,7 +738,8 @@ func (w *world) report(o *oracle, settleTook time.Duration, settled bool) {
 	fmt.Fprintf(&b, "  lost %d (after settling: viewers %d, http %d; during the run: missed online %d, wrong status %d), doubled %d, spurious %d, out of order %d, visibility %d, self %d\n",
 		o.fig["lost"]+o.fig["lost (http)"]+o.fig["missed online episodes"]+o.fig["wrong status episodes"], o.fig["lost"], o.fig["lost (http)"],
 		o.fig["missed online episodes"], o.fig["wrong status episodes"], o.fig["doubled"], o.fig["spurious"], o.fig["out of order"], o.fig["visibility"], o.fig["self"])
-	fmt.Fprintf(&b, "  offline lag (last device gone → viewer shows offline): n=%d p50 %v max %v\n", len(all), percentile(all, .5).Round(10*time.Millisecond), percentile(all, 1).Round(10*time.Millisecond))
+	fmt.Fprintf(&b, "  offline lag (last device gone → a viewer shows offline), outside Redis and network faults: n=%d p50 %v max %v; by how the last device went:\n",
+		len(all), percentile(all, .5).Round(10*time.Millisecond), percentile(all, 1).Round(10*time.Millisecond))
 	for _, l := range lagBy {
 		fmt.Fprintf(&b, "    %s\n", l)
 	}
