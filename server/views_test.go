@@ -1,0 +1,223 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
+	"github.com/greendot/greendot/store"
+	"github.com/greendot/greendot/store/memstore"
+)
+
+func change(user string, s presence.State, v uint64) presence.Change {
+	return presence.Change{UserID: user, State: s, Version: v}
+}
+
+func seen(user string, s presence.State, v uint64) presence.Presence {
+	return presence.Presence{UserID: user, State: s, Version: v}
+}
+
+// routeOne routes a change for one team.
+func (v *views) routeOne(team string, ch presence.Change) bool {
+	d := []bool{false}
+	v.route([]string{team}, ch, d)
+	return d[0]
+}
+
+func TestViewsRoute(t *testing.T) {
+	v := newViews()
+	steps := []struct {
+		ch   presence.Change
+		want bool
+	}{
+		{change("bob", presence.Online, 5), true},   // first sight
+		{change("bob", presence.Online, 5), false},  // a copy from another team
+		{change("bob", presence.Away, 4), false},    // older than held
+		{change("bob", presence.Away, 6), true},     // a real change
+		{change("bob", presence.Away, 9), false},    // a restatement: no dot moves
+		{change("bob", presence.Online, 8), false},  // older than the restatement
+		{change("bob", presence.Online, 10), true},  // real again
+		{change("bob", presence.Offline, 11), true}, // and gone
+	}
+	for i, s := range steps {
+		if got := v.routeOne("t", s.ch); got != s.want {
+			t.Fatalf("step %d %+v: route = %v, want %v", i, s.ch, got, s.want)
+		}
+	}
+}
+
+// Members who read different states in their snapshots disagree: the next
+// change at or above the newest read goes to all of them, even one that
+// would otherwise be a copy or a restatement.
+func TestViewsMixedReadsLetTheChangeThrough(t *testing.T) {
+	v := newViews()
+	v.read("t", seen("bob", presence.Online, 5), false) // alice's snapshot
+	v.read("t", seen("bob", presence.Away, 7), true)    // carol's, later
+	if !v.routeOne("t", change("bob", presence.Away, 7)) {
+		t.Fatal("the change carol's snapshot already showed must still reach alice")
+	}
+	if v.routeOne("t", change("bob", presence.Away, 7)) {
+		t.Fatal("a second copy must not")
+	}
+	if v.routeOne("t", change("bob", presence.Away, 8)) {
+		t.Fatal("now everyone agrees: a restatement is not sent")
+	}
+}
+
+// A new member's snapshot showing the subject online, where members already
+// there hold nothing (offline), mixes the team.
+func TestViewsFirstReadBesideOthersIsMixed(t *testing.T) {
+	v := newViews()
+	v.read("t", seen("bob", presence.Online, 5), true)
+	if !v.routeOne("t", change("bob", presence.Online, 5)) {
+		t.Fatal("members who held bob offline must get his online")
+	}
+}
+
+func TestViewsResyncSendsOnlyDifferences(t *testing.T) {
+	v := newViews()
+	for _, c := range []presence.Change{
+		change("same", presence.Online, 5),
+		change("gone", presence.Online, 5),   // went offline at 6: missed
+		change("back", presence.Offline, 5),  // came back at 6: missed
+		change("lost", presence.Online, 5),   // Redis lost it: offline at 0
+		change("idle", presence.Offline, 5),  // still offline, newer version
+		change("late", presence.Online, 500), // changed after the floor
+		change("left", presence.Online, 5),   // no longer a member
+	} {
+		v.routeOne("t", c)
+	}
+	truth := []presence.Presence{
+		seen("same", presence.Online, 5),
+		seen("gone", presence.Offline, 6),
+		seen("back", presence.Online, 6),
+		seen("lost", presence.Offline, 0),
+		seen("idle", presence.Offline, 9),
+		seen("late", presence.Away, 7), // read before the change at 500
+		seen("new", presence.Away, 3),  // joined, never routed
+		seen("quiet", presence.Offline, 2),
+	}
+	floor := func(string) uint64 { return 100 }
+	got := v.resync("t", truth, floor)
+	want := []presence.Change{
+		change("gone", presence.Offline, 6),
+		change("back", presence.Online, 6),
+		change("lost", presence.Offline, 100), // at the floor: overrides what they hold
+		change("new", presence.Away, 3),
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("resync sent %v, want %v", got, want)
+	}
+	// A second resync right after finds nothing to send.
+	if again := v.resync("t", truth, floor); len(again) != 0 {
+		t.Fatalf("second resync sent %v, want nothing", again)
+	}
+	// What was resent is now what they hold; "left" is forgotten.
+	if v.routeOne("t", change("lost", presence.Offline, 100)) || !v.routeOne("t", change("left", presence.Offline, 6)) {
+		t.Fatal("views after a resync do not match what was sent")
+	}
+}
+
+// sharedMem makes the memory store look shared to the hub (it watches
+// teams), so the hub routes as it does for Redis.
+type sharedMem struct{ *memstore.Store }
+
+func (sharedMem) Watch(context.Context, []string) error { return nil }
+func (sharedMem) Unwatch([]string)                      {}
+
+// A shared store delivers a change once per team channel of its subject. If
+// the viewer is indexed under a new team between two copies, the change
+// must still reach it, once (it was lost for good when each copy went only
+// to the members whose first shared team was the copy's).
+func TestCopiesReachViewerOnceAcrossAJoin(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		join bool // the viewer joins a0 between the copies, or leaves it
+	}{{"join", true}, {"leave", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			mem, err := memstore.New(memstore.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := socketlessServer()
+			reg := prometheus.NewRegistry()
+			s.metrics = newMetrics(reg)
+			s.store = sharedMem{mem}
+			s.hub = newHub(s)
+			h := s.hub
+			for _, m := range [][2]string{{"t1", "alice"}, {"t1", "bob"}, {"a0", "bob"}} {
+				if err := mem.AddMember(ctx, m[0], m[1]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !tc.join {
+				if err := mem.AddMember(ctx, "a0", "alice"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			alice := &client{srv: s, user: "alice"}
+			alice.closed.Store(true) // no socket: writes are no-ops
+			if _, err := h.add(ctx, alice); err != nil {
+				t.Fatal(err)
+			}
+			ev := func(via string, v uint64) store.PresenceEvent {
+				return store.PresenceEvent{Change: change("bob", presence.Away, v), Teams: []string{"a0", "t1"}, Via: via}
+			}
+			h.OnPresence(ev("a0", 2))
+			h.mu.Lock()
+			lu := h.users["alice"]
+			h.mu.Unlock()
+			if tc.join {
+				if err := mem.AddMember(ctx, "a0", "alice"); err != nil {
+					t.Fatal(err)
+				}
+				h.joinWatched(ctx, lu, "a0")
+			} else {
+				if err := mem.RemoveMember(ctx, "a0", "alice"); err != nil {
+					t.Fatal(err)
+				}
+				h.OnMembership(store.MembershipEvent{Team: "a0", UserID: "alice", UserTeams: []string{"t1"}})
+			}
+			h.OnPresence(ev("t1", 2))
+			alice.mu.Lock()
+			got := fmt.Sprint(alice.pending)
+			alice.mu.Unlock()
+			want := fmt.Sprint(map[string]protocol.Change{"bob": wireChange(change("bob", presence.Away, 2))})
+			if got != want {
+				t.Fatalf("alice's outbox = %s, want %s", got, want)
+			}
+			if n := staleDrops(t, reg); n != 0 {
+				t.Fatalf("%v copies reached alice's outbox and were dropped there; want the node to send one", n)
+			}
+		})
+	}
+}
+
+// staleDrops reads greendot_deliveries_dropped_total{reason="stale"}.
+func staleDrops(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "greendot_deliveries_dropped_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reasonStale {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatal("no stale drops counter")
+	return 0
+}

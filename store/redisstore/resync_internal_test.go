@@ -1,0 +1,126 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/internal/testwait"
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+	"github.com/greendot/greendot/store/redisstore/redistest"
+)
+
+// resyncRec records resyncs and what each change's floor was.
+type resyncRec struct {
+	rec
+	mu     sync.Mutex
+	floors []func(string) uint64
+}
+
+func (r *resyncRec) OnResync(floor func(string) uint64) {
+	r.mu.Lock()
+	r.floors = append(r.floors, floor)
+	r.mu.Unlock()
+}
+
+func (r *resyncRec) resyncs() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.floors)
+}
+
+func mkResync(t *testing.T, url, node string) (*Store, *resyncRec) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := New(ctx, Config{URL: url, Node: node, TTL: 5 * time.Second, Grace: time.Second,
+		NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond, Logger: logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &resyncRec{}
+	s.Subscribe(r)
+	s.SetObserver(r)
+	if err := s.Watch(ctx, []string{"t", "u", "v"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s, r
+}
+
+// A Redis outage ends in one resync of the viewers. go-redis subscribes
+// again by itself when Redis is back, which asks for a resync too; recovery
+// used to resync, then the health check resynced again for those
+// subscriptions, a few milliseconds later: the heaviest fan-out there is,
+// twice, just as every node comes back.
+func TestOutageEndsInOneResync(t *testing.T) {
+	for round := 0; round < 3; round++ {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			r := redistest.Start(t)
+			s, h := mkResync(t, r.URL(), "a")
+			must(t, s.AddMember(context.Background(), "t", "bob"))
+			must(t, s.Connect(context.Background(), presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+			r.Stop()
+			testwait.For(t, 5*time.Second, func() error {
+				if s.Ping(context.Background()) == nil {
+					return fmt.Errorf("still ready with Redis stopped")
+				}
+				return nil
+			})
+			r.Restart()
+			testwait.For(t, 10*time.Second, func() error {
+				if err := s.Ping(context.Background()); err != nil {
+					return err
+				}
+				if h.resyncs() == 0 {
+					return fmt.Errorf("no resync yet")
+				}
+				return nil
+			})
+			// Long enough for go-redis's own re-subscriptions (it retries
+			// every 100 ms) and a few health checks (every 250 ms).
+			time.Sleep(1500 * time.Millisecond)
+			if n := h.resyncs(); n != 1 {
+				t.Fatalf("%d resyncs after one outage, want 1", n)
+			}
+		})
+	}
+}
+
+// Every change published after a resync's floor was taken carries a version
+// above it, on every shard, so a state sent at the floor never hides a
+// later change.
+func TestVersionsAfterAResyncExceedItsFloor(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	s, h := mkResync(t, c.URL(), "a")
+	ctx := context.Background()
+	users := make([]string, 0, 64)
+	for i := 0; len(users) < cap(users); i++ {
+		users = append(users, fmt.Sprint("user", i)) // spread over every shard
+	}
+	s.resync(ctx)
+	testwait.For(t, 5*time.Second, func() error {
+		if h.resyncs() != 1 {
+			return fmt.Errorf("%d resyncs", h.resyncs())
+		}
+		return nil
+	})
+	h.mu.Lock()
+	floor := h.floors[0]
+	h.mu.Unlock()
+	for i, u := range users {
+		must(t, s.Connect(ctx, presence.Conn{ID: fmt.Sprint("c", i), UserID: u, Device: "web"}))
+	}
+	ps, err := s.States(ctx, users)
+	must(t, err)
+	for _, p := range ps {
+		if p.Version <= floor(p.UserID) {
+			t.Errorf("%s online at version %d, not above the floor %d its viewers may hold", p.UserID, p.Version, floor(p.UserID))
+		}
+	}
+}
+
+var _ store.Resyncer = (*resyncRec)(nil)
