@@ -24,13 +24,24 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 		seen = make(map[*localUser]struct{})
 	}
 	h.mu.RLock()
-	for _, t := range ev.Teams {
-		members := h.byTeam[t]
-		if len(members) == 0 || (h.views != nil && !h.views.route(t, ev.Change)) {
+	teams := ev.Teams
+	var deliver []bool
+	if h.views != nil {
+		teams = make([]string, 0, len(ev.Teams))
+		for _, t := range ev.Teams {
+			if len(h.byTeam[t]) > 0 {
+				teams = append(teams, t)
+			}
+		}
+		deliver = make([]bool, len(teams))
+		h.views.route(teams, ev.Change, deliver)
+	}
+	for i, t := range teams {
+		if deliver != nil && !deliver[i] {
 			continue
 		}
 		routed = true
-		for lu := range members {
+		for lu := range h.byTeam[t] {
 			if lu.id == ch.UserID {
 				continue
 			}

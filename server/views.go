@@ -30,6 +30,7 @@ type views struct {
 // view is what the local members of one team hold of one subject.
 type view struct {
 	version uint64 // the newest version routed or read: older copies are stale
+	routed  uint64 // the newest version routed: a copy of it is no news
 	state   presence.State
 	// mixed: some members may hold another state than state (a snapshot read
 	// disagreed with what was routed, or changes were missed). Cleared once a
@@ -41,30 +42,45 @@ func newViews() *views {
 	return &views{byTeam: make(map[string]map[string]view)}
 }
 
-// route decides whether a change of subject, arriving for team, is delivered
-// to the team's local members, and records it. A change that moves no dot
-// (same state, newer version, while the members agree) is recorded but not
-// delivered: presence is state, and a restatement would only make clients
-// fire their callbacks again.
-func (v *views) route(team string, ch presence.Change) bool {
+// route decides, for each of teams (the subject's teams with local
+// members), whether a change is delivered to that team's members, and
+// records it in deliver. A copy of a change routed already through another
+// team is delivered to nobody: whoever was indexed under a team since
+// either got the first copy through another team or read the change in a
+// snapshot taken after it. A change that moves no dot (same state, newer
+// version, while the members agree) is recorded but not delivered:
+// presence is state, and a restatement would only make clients fire their
+// callbacks again.
+func (v *views) route(teams []string, ch presence.Change, deliver []bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	m := v.teamLocked(team)
-	cur, ok := m[ch.UserID]
-	switch {
-	case !ok:
-		m[ch.UserID] = view{version: ch.Version, state: ch.State}
-		return true
-	case ch.Version > cur.version:
-		m[ch.UserID] = view{version: ch.Version, state: ch.State}
-		return cur.mixed || cur.state != ch.State
-	case ch.Version == cur.version && cur.mixed:
-		// Members who read an older state catch up; version is the newest
-		// anyone holds, so after this they all agree.
-		m[ch.UserID] = view{version: ch.Version, state: ch.State}
-		return true
+	copied := false
+	for _, t := range teams {
+		if cur, ok := v.byTeam[t][ch.UserID]; ok && cur.routed >= ch.Version {
+			copied = true
+			break
+		}
 	}
-	return false // a copy already routed, or older than what they hold
+	for i, t := range teams {
+		m := v.teamLocked(t)
+		cur, ok := m[ch.UserID]
+		next := view{version: ch.Version, state: ch.State, routed: ch.Version}
+		switch {
+		case !ok:
+			deliver[i] = !copied
+		case ch.Version > cur.version:
+			deliver[i] = cur.mixed || (!copied && cur.state != ch.State)
+		case ch.Version == cur.version && cur.mixed:
+			// Members who read an older state catch up; version is the
+			// newest anyone holds, so after this they all agree.
+			deliver[i] = true
+		default: // a copy already routed, or older than what they hold
+			deliver[i] = false
+			cur.routed = max(cur.routed, ch.Version)
+			next = cur
+		}
+		m[ch.UserID] = next
+	}
 }
 
 // read records that a member of team was given subject's state (a snapshot,
@@ -153,7 +169,7 @@ func (v *views) resync(team string, truth []presence.Presence, floor func(string
 		default:
 			t.Version = cur.version
 		}
-		m[t.UserID] = view{version: t.Version, state: t.State}
+		m[t.UserID] = view{version: t.Version, state: t.State, routed: max(cur.routed, t.Version)}
 	}
 	// Subjects no longer members are not carried over: nothing more is sent
 	// between users who no longer share the team.
