@@ -164,20 +164,32 @@ func (h *hub) joinWatched(ctx context.Context, lu *localUser, team string) {
 		h.srv.log.Warn("watch team", "err", err)
 		return
 	}
-	teams, err := h.srv.store.TeamsOf(ctx, lu.id)
-	if err != nil {
-		h.unwatchLater([]string{team})
+	for {
+		h.mu.RLock()
+		gen := lu.gen
+		h.mu.RUnlock()
+		teams, err := h.srv.store.TeamsOf(ctx, lu.id)
+		if err != nil {
+			h.unwatchLater([]string{team})
+			return
+		}
+		h.mu.Lock()
+		if lu.gen != gen {
+			// A membership event of lu came during the read (a leave would
+			// find the team not yet indexed and do nothing): read again.
+			h.mu.Unlock()
+			continue
+		}
+		_, member := lu.teams[team]
+		ok := h.users[lu.id] == lu && lu.teams != nil && !member && slices.Contains(teams, team)
+		if ok {
+			h.joinLocked(lu, team)
+		}
+		h.mu.Unlock()
+		if !ok {
+			h.unwatchLater([]string{team})
+		}
 		return
-	}
-	h.mu.Lock()
-	_, member := lu.teams[team]
-	ok := h.users[lu.id] == lu && lu.teams != nil && !member && slices.Contains(teams, team)
-	if ok {
-		h.joinLocked(lu, team)
-	}
-	h.mu.Unlock()
-	if !ok {
-		h.unwatchLater([]string{team})
 	}
 }
 
