@@ -37,7 +37,8 @@ func TestChaosOracle(t *testing.T) {
 		from, to float64
 	}
 	type hist struct {
-		subject []sess // u01's device
+		subject []sess       // u01's device
+		frozen  [][2]float64 // and when it was frozen
 		changes []change
 		wire    []wire
 		faults  []fault
@@ -112,6 +113,18 @@ func TestChaosOracle(t *testing.T) {
 			changes: []change{online(0.1), {5, 5.1, "u01", "away", "online", 2}},
 			want:    map[string]int{"spurious": 1, "wrong status episodes": 1},
 		},
+		"a freeze long enough to be reaped, then a thaw": {
+			subject: []sess{{0, 8.1, "b", "lost"}},
+			frozen:  [][2]float64{{5, 8}},
+			changes: []change{online(0.1), {9.5, 9.6, "u01", "offline", "online", 2}},
+			want:    map[string]int{"false offline": 0, "ghost": 0},
+		},
+		"a short freeze: the connection lives on": {
+			subject: []sess{{0, 0, "b", ""}},
+			frozen:  [][2]float64{{5, 5.5}},
+			changes: []change{online(0.1), {9.5, 9.6, "u01", "offline", "online", 2}},
+			want:    map[string]int{"false offline": 1},
+		},
 		"released by the others while its node is cut off": {
 			subject: []sess{{0, 0, "b", ""}},
 			changes: []change{online(0.1), {7.6, 7.7, "u01", "offline", "online", 2}, {9.6, 9.7, "u01", "online", "offline", 3}},
@@ -161,6 +174,9 @@ func TestChaosOracle(t *testing.T) {
 				}
 				subject.sessions = append(subject.sessions, se)
 				subject.attempts = append(subject.attempts, &attempt{from: at(ss.from - 0.05), to: at(ss.from), node: ss.node, ok: true})
+			}
+			for _, f := range h.frozen {
+				subject.freezes = append(subject.freezes, interval{from: at(f[0]), to: at(f[1])})
 			}
 			// The subject sees the viewer, which is online throughout.
 			subject.changes = []client.Change{{UserID: "u00", State: "online", Version: 1, Received: at(h.subject[0].from), FromSnapshot: true}}

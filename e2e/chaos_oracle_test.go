@@ -300,7 +300,12 @@ func (o *oracle) buildTruth(u *userTruth) {
 						q.to, q.kind = f.from, "frozen"
 						next = append(next, q)
 					}
-					if fto.Before(p.to) {
+					// After a thaw the connection surely lives on only if
+					// the server cannot have reaped it meanwhile: the last
+					// frame may be a heartbeat before the freeze, the next
+					// one a heartbeat after the thaw. (A frozen device does
+					// not read, so it may learn of the reap only at the thaw.)
+					if fto.Before(p.to) && fto.Sub(f.from)+2*o.tm.heartbeat+300*time.Millisecond < o.tm.ttl {
 						q := p
 						q.from = fto
 						next = append(next, q)
