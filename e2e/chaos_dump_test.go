@@ -48,6 +48,12 @@ func (o *oracle) dump(path string) error {
 	})
 	for _, dc := range devs {
 		fmt.Fprintf(b, "\ndevice %s:\n", dc)
+		if dc.dialErr != nil {
+			fmt.Fprintf(b, "  first connect failed: %v\n", dc.dialErr)
+		}
+		if !dc.closedAt.IsZero() {
+			fmt.Fprintf(b, "  closed for good %s\n", at(dc.closedAt))
+		}
 		for _, a := range dc.attempts {
 			fmt.Fprintf(b, "  attempt %s..%s node=%s ok=%v\n", at(a.from), at(a.to), a.node, a.ok)
 		}

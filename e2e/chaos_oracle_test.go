@@ -104,6 +104,8 @@ type devCopy struct {
 	changes  []client.Change
 	raws     []*rawConn
 	byUser   map[string][]client.Change
+	closedAt time.Time // the harness closed or dropped it for good
+	dialErr  error     // its first connect failed
 }
 
 func (dc *devCopy) String() string { return dc.user + "/" + dc.name }
@@ -223,7 +225,8 @@ func newOracle(w *world, from, to time.Time) *oracle {
 		d.mu.Lock()
 		dc := &devCopy{d: d, user: d.user, name: d.name, attempts: nil,
 			freezes: slices.Clone(d.freezes), statuses: slices.Clone(d.statuses),
-			changes: slices.Clone(d.changes), raws: slices.Clone(d.raws), byUser: map[string][]client.Change{}}
+			changes: slices.Clone(d.changes), raws: slices.Clone(d.raws), byUser: map[string][]client.Change{},
+			closedAt: d.closedAt, dialErr: d.dialErr}
 		for _, s := range d.sessions {
 			dc.sessions = append(dc.sessions, *s)
 		}
