@@ -166,10 +166,11 @@ func (n *node) presence(user string) map[string]any {
 
 // viewer is a Go client that records every change it applies.
 type viewer struct {
-	t  *testing.T
-	c  *client.Client
-	mu sync.Mutex
-	ch []string
+	t   *testing.T
+	c   *client.Client
+	mu  sync.Mutex
+	ch  []string // dot moves: user=state
+	raw []string // every change after the snapshot, restatements too
 }
 
 func connect(t *testing.T, n *node, user, device string) *viewer {
@@ -181,12 +182,15 @@ func connect(t *testing.T, n *node, user, device string) *viewer {
 		User: user, Device: device,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnChange: func(ch client.Change) {
+			v.mu.Lock()
+			defer v.mu.Unlock()
+			if !ch.FromSnapshot {
+				v.raw = append(v.raw, fmt.Sprintf("%s=%s(was %q)", ch.UserID, ch.State, ch.Previous))
+			}
 			if ch.State == ch.Previous {
 				return // restated (a newer version of the same state): no dot moves
 			}
-			v.mu.Lock()
 			v.ch = append(v.ch, ch.UserID+"="+ch.State)
-			v.mu.Unlock()
 		},
 	})
 	if err != nil {
@@ -201,6 +205,13 @@ func (v *viewer) changes() []string {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return append([]string(nil), v.ch...)
+}
+
+// rawChanges is every change applied after the snapshot, restatements too.
+func (v *viewer) rawChanges() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.raw...)
 }
 
 // expect waits until the changes seen equal want.

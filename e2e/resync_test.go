@@ -1,55 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/greendot/greendot/client"
 	"github.com/greendot/greendot/store/redisstore/redistest"
 )
-
-// rawViewer records every change its client reports, restatements (a newer
-// version of the state held) included.
-type rawViewer struct {
-	c  *client.Client
-	mu sync.Mutex
-	ch []string
-}
-
-func connectRaw(t *testing.T, n *node, user string) *rawViewer {
-	t.Helper()
-	v := &rawViewer{}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c, err := client.Dial(ctx, n.ws(), client.Options{
-		User: user, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnChange: func(ch client.Change) {
-			if ch.FromSnapshot {
-				return
-			}
-			v.mu.Lock()
-			v.ch = append(v.ch, fmt.Sprintf("%s=%s(was %q)", ch.UserID, ch.State, ch.Previous))
-			v.mu.Unlock()
-		},
-	})
-	if err != nil {
-		t.Fatalf("%s on %s: %v", user, n.name, err)
-	}
-	v.c = c
-	t.Cleanup(func() { _ = c.Close() })
-	return v
-}
-
-func (v *rawViewer) changes() []string {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return append([]string(nil), v.ch...)
-}
 
 // After a Redis outage every node resyncs its viewers. A resync must only
 // deliver what differs from what each viewer holds: it used to send every
@@ -62,7 +19,7 @@ func TestResyncAfterOutageChangesNothingViewersHold(t *testing.T) {
 	a := startNode(t, r.URL(), "a", short)
 	b := startNode(t, r.URL(), "b", short)
 	a.join("t1", "alice", "bob", "carol", "dave")
-	alice := connectRaw(t, a, "alice")
+	alice := connect(t, a, "alice", "web")
 	connect(t, b, "bob", "web")
 	carol := connect(t, b, "carol", "web")
 	checkFor(t, 3*time.Second, func() error {
@@ -81,7 +38,7 @@ func TestResyncAfterOutageChangesNothingViewersHold(t *testing.T) {
 		}
 		return nil
 	})
-	before := len(alice.changes())
+	before := len(alice.rawChanges())
 
 	r.Stop()
 	checkFor(t, 3*time.Second, func() error {
@@ -104,7 +61,7 @@ func TestResyncAfterOutageChangesNothingViewersHold(t *testing.T) {
 	})
 	// Let the resyncs' deliveries, if any, arrive.
 	time.Sleep(time.Second)
-	if got := alice.changes()[before:]; len(got) > 0 {
+	if got := alice.rawChanges()[before:]; len(got) > 0 {
 		t.Fatalf("the resync delivered %v to alice, who held all of it already", got)
 	}
 	if m := metric(a, "greendot_resync_deliveries_total"); m != "0" {

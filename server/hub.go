@@ -80,10 +80,7 @@ func (h *hub) add(ctx context.Context, c *client) ([]string, error) {
 // before they are indexed, so no change routed through them is missed.
 func (h *hub) loadTeams(ctx context.Context, lu *localUser) error {
 	for {
-		h.mu.RLock()
-		gen := lu.gen
-		h.mu.RUnlock()
-		teams, err := h.srv.store.TeamsOf(ctx, lu.id)
+		teams, gen, err := h.readTeams(ctx, lu)
 		if err != nil {
 			return err
 		}
@@ -107,6 +104,17 @@ func (h *hub) loadTeams(ctx context.Context, lu *localUser) error {
 		h.mu.Unlock()
 		return nil
 	}
+}
+
+// readTeams reads lu's teams from the store, with lu's membership
+// generation before the read: if it moved by the time the caller indexes,
+// an event overtook the read.
+func (h *hub) readTeams(ctx context.Context, lu *localUser) ([]string, uint64, error) {
+	h.mu.RLock()
+	gen := lu.gen
+	h.mu.RUnlock()
+	teams, err := h.srv.store.TeamsOf(ctx, lu.id)
+	return teams, gen, err
 }
 
 // joinLocked indexes lu under team; it reports whether team is new here.
@@ -165,10 +173,7 @@ func (h *hub) joinWatched(ctx context.Context, lu *localUser, team string) {
 		return
 	}
 	for {
-		h.mu.RLock()
-		gen := lu.gen
-		h.mu.RUnlock()
-		teams, err := h.srv.store.TeamsOf(ctx, lu.id)
+		teams, gen, err := h.readTeams(ctx, lu)
 		if err != nil {
 			h.unwatchLater([]string{team})
 			return
