@@ -158,13 +158,13 @@ func BenchmarkHeartbeatBatch(b *testing.B) {
 			}
 			ids = append(ids, id)
 		}
-		args := []any{prefix(0), s.ttlMS()}
+		args := []any{s.ttlMS()}
 		for _, id := range ids[:batch] {
 			args = append(args, id)
 		}
 		measure(b, r, batch, "hb", func() {
 			for i := 0; i < b.N; i++ {
-				v, err := run(ctx, s.rdb, s.sc.heartbeat, []string{dlKey(0)}, args...)
+				v, err := run(ctx, s.rdb, s.sc.heartbeat, shardKeys(0), args...)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -48,12 +48,12 @@ func (s *Store) flushHeartbeats(ctx context.Context) {
 	calls := make([]call, 0, len(pending))
 	for sh, ids := range pending {
 		ids = dedupe(ids)
-		args := make([]any, 0, len(ids)+2)
-		args = append(args, prefix(sh), s.ttlMS())
+		args := make([]any, 0, len(ids)+1)
+		args = append(args, s.ttlMS())
 		for _, id := range ids {
 			args = append(args, id)
 		}
-		calls = append(calls, call{key: dlKey(sh), args: args})
+		calls = append(calls, call{keys: shardKeys(sh), args: args})
 		s.m.pipelineSize.Observe(float64(len(ids)))
 	}
 	start := time.Now()
@@ -105,7 +105,7 @@ func (s *Store) reassert(ctx context.Context, id string) {
 	if !ok {
 		return
 	}
-	err := s.connect(ctx, presence.Conn{ID: id, UserID: c.user, Device: c.device, Node: s.cfg.Node}, c.active, true)
+	err := s.connect(ctx, presence.Conn{ID: id, UserID: c.user, Device: c.device, Node: c.node}, c.active, true)
 	if err != nil {
 		s.log.Warn("re-assert connection", "err", err)
 		return
@@ -160,8 +160,8 @@ func (s *Store) beatLoop() {
 }
 
 func (s *Store) beat(ctx context.Context, leaving bool) {
-	replies, err := s.evalShards(ctx, s.sc.beat, func(sh int) []any {
-		return []any{prefix(sh), s.cfg.Node, boolArg(leaving)}
+	replies, err := s.evalShards(ctx, s.sc.beat, func(sh int) call {
+		return call{keys: shardKeys(sh), args: []any{s.cfg.Node, boolArg(leaving)}}
 	})
 	if err != nil {
 		s.m.errors.WithLabelValues("beat").Inc()
@@ -255,9 +255,8 @@ func (s *Store) recover(ctx context.Context) error {
 	if len(all) > 0 {
 		calls := make([]call, len(all))
 		for i, e := range all {
-			sh := shardOf(e.c.user)
-			calls[i] = call{key: dlKey(sh), args: []any{prefix(sh), e.id, e.c.user, e.c.device,
-				s.cfg.Node, s.ttlMS(), boolArg(e.c.active), "1"}}
+			calls[i] = call{keys: userKeys(e.c.user, ncKey(shardOf(e.c.user), e.c.node)),
+				args: []any{e.id, e.c.user, e.c.device, e.c.node, s.ttlMS(), boolArg(e.c.active), "1"}}
 		}
 		replies, errs := s.evalMany(ctx, s.sc.connect, calls)
 		for i, v := range replies {
@@ -282,7 +281,7 @@ func (s *Store) recover(ctx context.Context) error {
 		}
 		s.mu.Unlock()
 		for _, e := range gone {
-			s.endInRedis(ctx, e.id, e.c.user)
+			s.endInRedis(ctx, e.id, e.c.user, e.c.node)
 		}
 	}
 	// Live ids as they are now: connections made while re-asserting stay.
@@ -293,8 +292,8 @@ func (s *Store) recover(ctx context.Context) error {
 		byShard[sh] = append(byShard[sh], id)
 	}
 	s.mu.Unlock()
-	replies, err := s.evalShards(ctx, s.sc.reconcile, func(sh int) []any {
-		return append([]any{prefix(sh), s.cfg.Node, s.ttlMS(), s.graceMS(), since.UnixMilli()}, byShard[sh]...)
+	replies, err := s.evalShards(ctx, s.sc.reconcile, func(sh int) call {
+		return s.reconcileCall(sh, since, byShard[sh]...)
 	})
 	for _, v := range replies {
 		_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
@@ -314,6 +313,14 @@ func (s *Store) recover(ctx context.Context) error {
 	return nil
 }
 
+// reconcileCall is the reconcile script's call for shard sh: this node's
+// connections there not in live and not heard from since since end.
+func (s *Store) reconcileCall(sh int, since time.Time, live ...any) call {
+	keys := shardKeys(sh)
+	return call{keys: append(keys[:len(keys):len(keys)], ncKey(sh, s.cfg.Node)),
+		args: append([]any{s.cfg.Node, s.ttlMS(), s.graceMS(), since.UnixMilli()}, live...)}
+}
+
 // resync asks the handler to catch its viewers up. The floor of each shard
 // is raised first, on the shard's own clock, so that what the handler
 // reads afterwards is at or below it and every later change above it. If a
@@ -325,7 +332,7 @@ func (s *Store) resync(ctx context.Context) {
 	}
 	calls := make([]call, numShards)
 	for sh := range calls {
-		calls[sh] = call{key: dlKey(sh), args: []any{prefix(sh)}}
+		calls[sh] = call{keys: shardKeys(sh)}
 	}
 	replies, errs := s.evalMany(ctx, s.sc.floor, calls)
 	floors := make([]uint64, numShards)

@@ -64,8 +64,8 @@ type Config struct {
 }
 
 type localConn struct {
-	user, device string
-	active       bool
+	user, device, node string
+	active             bool
 }
 
 // Store is the Redis store.
@@ -201,8 +201,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		_ = s.rdb.Close()
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
-	replies, err := s.evalShards(ctx, s.sc.reconcile, func(sh int) []any {
-		return []any{prefix(sh), s.cfg.Node, s.ttlMS(), s.graceMS(), since.UnixMilli()}
+	replies, err := s.evalShards(ctx, s.sc.reconcile, func(sh int) call {
+		return s.reconcileCall(sh, since)
 	})
 	if err != nil {
 		s.subs.close()
@@ -288,20 +288,19 @@ func (s *Store) connect(ctx context.Context, c presence.Conn, active, assert boo
 	if c.Node == "" {
 		c.Node = s.cfg.Node
 	}
-	sh := shardOf(c.UserID)
-	v, err := run(ctx, s.rdb, s.sc.connect, []string{dlKey(sh)},
-		prefix(sh), c.ID, c.UserID, c.Device, c.Node, s.ttlMS(), boolArg(active), boolArg(assert))
+	v, err := run(ctx, s.rdb, s.sc.connect, userKeys(c.UserID, ncKey(shardOf(c.UserID), c.Node)),
+		c.ID, c.UserID, c.Device, c.Node, s.ttlMS(), boolArg(active), boolArg(assert))
 	if err != nil {
 		if !assert && !isRedisReply(err) {
 			// The script may have run: make sure no ghost stays behind.
-			s.endLater(pendingEnd{id: c.ID, user: c.UserID, cause: presence.Closed})
+			s.endLater(pendingEnd{id: c.ID, user: c.UserID, node: c.Node, cause: presence.Closed})
 		}
 		return s.failed(store.OpConnect, fmt.Errorf("redisstore: connect: %w", scriptErr(err)))
 	}
 	s.mu.Lock()
 	_, live := s.conns[c.ID]
 	if !assert || live {
-		s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, active: active}
+		s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, node: c.Node, active: active}
 	}
 	s.mu.Unlock()
 	if err := s.apply(ctx, store.OpConnect, v, start); err != nil {
@@ -309,16 +308,23 @@ func (s *Store) connect(ctx context.Context, c presence.Conn, active, assert boo
 	}
 	if assert && !live {
 		// Closed while being re-asserted: end it in Redis too.
-		s.endInRedis(ctx, c.ID, c.UserID)
+		s.endInRedis(ctx, c.ID, c.UserID, c.Node)
 	}
 	return nil
 }
 
+// disconnectCall is the disconnect script's call for connection id of user
+// on node; known: the node held it (see disconnect.lua).
+func (s *Store) disconnectCall(id, user, node string, cause presence.Cause, known bool) call {
+	return call{keys: userKeys(user, ncKey(shardOf(user), node)),
+		args: []any{id, int(cause), s.ttlMS(), s.graceMS(), user, node, boolArg(known),
+			max(s.cfg.Grace, s.cfg.HoldOff).Milliseconds()}}
+}
+
 // endInRedis ends a connection this node no longer has.
-func (s *Store) endInRedis(ctx context.Context, id, user string) {
-	sh := shardOf(user)
-	v, err := run(ctx, s.rdb, s.sc.disconnect, []string{dlKey(sh)},
-		prefix(sh), id, int(presence.Closed), s.ttlMS(), s.graceMS(), user, max(s.cfg.Grace, s.cfg.HoldOff).Milliseconds())
+func (s *Store) endInRedis(ctx context.Context, id, user, node string) {
+	c := s.disconnectCall(id, user, node, presence.Closed, true)
+	v, err := run(ctx, s.rdb, s.sc.disconnect, c.keys, c.args...)
 	if err == nil {
 		_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
 	}
@@ -352,8 +358,7 @@ func (s *Store) SetStatus(ctx context.Context, connID string, active bool) error
 	if !ok {
 		return ErrUnknownConn
 	}
-	sh := shardOf(lc.user)
-	v, err := run(ctx, s.rdb, s.sc.status, []string{dlKey(sh)}, prefix(sh), connID, boolArg(active), s.ttlMS())
+	v, err := run(ctx, s.rdb, s.sc.status, userKeys(lc.user), connID, lc.user, boolArg(active), s.ttlMS())
 	if err != nil {
 		err = scriptErr(err)
 		if errors.Is(err, ErrUnknownConn) {
@@ -375,12 +380,11 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 	if !ok {
 		return ErrUnknownConn
 	}
-	sh := shardOf(lc.user)
-	v, err := run(ctx, s.rdb, s.sc.disconnect, []string{dlKey(sh)},
-		prefix(sh), connID, int(cause), s.ttlMS(), s.graceMS(), lc.user, max(s.cfg.Grace, s.cfg.HoldOff).Milliseconds())
+	dc := s.disconnectCall(connID, lc.user, lc.node, cause, true)
+	v, err := run(ctx, s.rdb, s.sc.disconnect, dc.keys, dc.args...)
 	if err != nil {
 		if !isRedisReply(err) {
-			s.endLater(pendingEnd{id: connID, user: lc.user, cause: cause, known: true})
+			s.endLater(pendingEnd{id: connID, user: lc.user, node: lc.node, cause: cause, known: true})
 		}
 		err = scriptErr(err)
 		if errors.Is(err, ErrUnknownConn) {
@@ -396,13 +400,14 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 // ForgetAfter (see forget).
 func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
-	args := func(sh int) []any {
-		return []any{prefix(sh), s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
+	recovering := boolArg(!s.healthy.Load())
+	mk := func(sh int) call {
+		return call{keys: shardKeys(sh), args: []any{s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
 			s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds(),
-			s.cfg.Node, boolArg(!s.healthy.Load())}
+			s.cfg.Node, recovering}}
 	}
 	// What the healthy shards claimed is published even when others fail.
-	replies, err := s.evalShards(ctx, s.sc.sweep, args)
+	replies, err := s.evalShards(ctx, s.sc.sweep, mk)
 	s.m.sweeps.Inc()
 	for _, v := range replies {
 		if aerr := s.apply(ctx, store.OpSweep, v, start); aerr != nil && err == nil {
@@ -421,8 +426,6 @@ func (s *Store) Sweep(ctx context.Context) error {
 // forgetBatch bounds the users one shard forgets in one script.
 const forgetBatch = 100
 
-func offKey(shard int) string { return prefix(shard) + "off" }
-
 // forget drops the presence state of users offline for ForgetAfter: one
 // script per shard (forget.lua), pipelined, each taking at most forgetBatch
 // users from the shard's offline set, by Redis's clock. It is paced to once
@@ -438,7 +441,7 @@ func (s *Store) forget(ctx context.Context) error {
 	}
 	calls := make([]call, numShards)
 	for sh := range calls {
-		calls[sh] = call{key: offKey(sh), args: []any{prefix(sh), s.cfg.ForgetAfter.Milliseconds(), forgetBatch}}
+		calls[sh] = call{keys: shardKeys(sh), args: []any{s.cfg.ForgetAfter.Milliseconds(), forgetBatch}}
 	}
 	replies, errs := s.evalMany(ctx, s.sc.forget, calls)
 	for i, err := range errs {
@@ -452,11 +455,12 @@ func (s *Store) forget(ctx context.Context) error {
 	return nil
 }
 
-// evalShards runs script once per shard in one pipeline.
-func (s *Store) evalShards(ctx context.Context, script *redis.Script, args func(sh int) []any) ([]any, error) {
+// evalShards runs script once per shard, as mk makes the call, in one
+// pipeline.
+func (s *Store) evalShards(ctx context.Context, script *redis.Script, mk func(sh int) call) ([]any, error) {
 	calls := make([]call, numShards)
 	for sh := range calls {
-		calls[sh] = call{key: dlKey(sh), args: args(sh)}
+		calls[sh] = mk(sh)
 	}
 	replies, errs := s.evalMany(ctx, script, calls)
 	out := replies[:0]
@@ -473,9 +477,9 @@ func (s *Store) evalShards(ctx context.Context, script *redis.Script, args func(
 	return out, firstErr
 }
 
-// call is one script invocation: its shard key and arguments.
+// call is one script invocation: its keys and arguments.
 type call struct {
-	key  string
+	keys []string
 	args []any
 }
 
@@ -492,7 +496,7 @@ func (s *Store) evalMany(ctx context.Context, script *redis.Script, calls []call
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(todo))
 		for j, i := range todo {
-			cmds[j] = script.EvalSha(ctx, pipe, []string{calls[i].key}, calls[i].args...)
+			cmds[j] = script.EvalSha(ctx, pipe, calls[i].keys, calls[i].args...)
 		}
 		_, _ = pipe.Exec(ctx)
 		var again []int
@@ -583,6 +587,7 @@ func lostContact(err error) bool {
 // failed connect) may or may not have reached Redis.
 type pendingEnd struct {
 	id, user string // user picks the shard
+	node     string // the node it was connected on
 	cause    presence.Cause
 	known    bool // the user was connected here: a lost record still ends in an offline
 	tries    int
@@ -610,13 +615,8 @@ func (s *Store) retryEnds(ctx context.Context) {
 	s.ends = nil
 	s.endsMu.Unlock()
 	for _, e := range ends {
-		sh := shardOf(e.user)
-		argUser := ""
-		if e.known {
-			argUser = e.user
-		}
-		v, err := run(ctx, s.rdb, s.sc.disconnect, []string{dlKey(sh)},
-			prefix(sh), e.id, int(e.cause), s.ttlMS(), s.graceMS(), argUser, max(s.cfg.Grace, s.cfg.HoldOff).Milliseconds())
+		c := s.disconnectCall(e.id, e.user, e.node, e.cause, e.known)
+		v, err := run(ctx, s.rdb, s.sc.disconnect, c.keys, c.args...)
 		switch {
 		case err == nil:
 			_ = s.apply(ctx, store.OpDisconnect, v, time.Now())

@@ -18,7 +18,9 @@ import (
 var luaFiles embed.FS
 
 // scripts are the atomic transitions, each prefixed with the shared prelude,
-// and the two halves of a membership change, which name their keys in KEYS.
+// and the two halves of a membership change. Each names in KEYS every key
+// known before the call (shardKeys, userKeys); sweep, reconcile and forget
+// also reach the keys of users they find in the shard (prelude.lua).
 type scripts struct {
 	connect, heartbeat, status, disconnect, sweep, beat, presence, reconcile *redis.Script
 	memberUser, memberTeam                                                   *redis.Script
@@ -47,6 +49,36 @@ func mustRead(name string) string {
 	}
 	return string(b)
 }
+
+// shardKeyNames are each shard's keys in the order every script but the
+// membership ones takes them first (prelude.lua): deadlines, connection →
+// user, node liveness, grace ends, users not offline, last sweep, hold-off,
+// resync floor, offline users. Read-only.
+var shardKeyNames = func() (k [numShards][]string) {
+	for sh := range k {
+		p := prefix(sh)
+		k[sh] = []string{p + "dl", p + "c", p + "nodes", p + "grace", p + "present", p + "ls", p + "ho", p + "fl", p + "off"}
+	}
+	return k
+}()
+
+// shardKeys are the KEYS of a script about a shard.
+func shardKeys(sh int) []string { return shardKeyNames[sh] }
+
+// userKeys are the KEYS of a script about one user: the shard's, then the
+// user's state (u:), connections (uc:), state copy (sv:) and teams (ut:),
+// then extra (a node's connection set, nc:).
+func userKeys(user string, extra ...string) []string {
+	sh := shardOf(user)
+	p := prefix(sh)
+	keys := make([]string, 0, len(shardKeyNames[sh])+4+len(extra))
+	keys = append(keys, shardKeyNames[sh]...)
+	keys = append(keys, p+"u:"+user, p+"uc:"+user, p+"sv:"+user, p+"ut:"+user)
+	return append(keys, extra...)
+}
+
+// ncKey is the set of node's connections in a shard.
+func ncKey(sh int, node string) string { return prefix(sh) + "nc:" + node }
 
 // run evaluates a script, loading it first if Redis lost it.
 func run(ctx context.Context, c redis.Scripter, s *redis.Script, keys []string, args ...any) (any, error) {

@@ -26,8 +26,7 @@ func (s *Store) Presence(ctx context.Context, userIDs []string) ([]presence.Pres
 	}
 	calls := make([]call, len(userIDs))
 	for i, u := range userIDs {
-		sh := shardOf(u)
-		calls[i] = call{key: dlKey(sh), args: []any{prefix(sh), s.ttlMS(), u}}
+		calls[i] = call{keys: userKeys(u), args: []any{s.ttlMS()}}
 	}
 	replies, errs := s.evalMany(ctx, s.sc.presence, calls)
 	for i, err := range errs {

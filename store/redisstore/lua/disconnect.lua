@@ -1,6 +1,23 @@
--- ARGV: prefix, id, cause (0 closed, 1 expired, 2 lost), ttl ms, grace ms, user,
--- grace ms for a user Redis lost (at least the hold-off).
-local id, cause, user = ARGV[2], tonumber(ARGV[3]), ARGV[6]
+-- KEYS: the shard's (prelude), the user's (KEYS[10] to KEYS[13]) and the
+-- node's connection set, nc:<node> (KEYS[14]). ARGV: id, cause (0 closed,
+-- 1 expired, 2 lost), ttl ms, grace ms, user, node, known (1/0: the node held
+-- the connection, not merely tried to connect it), grace ms for a user Redis
+-- lost (at least the hold-off).
+local id, cause, user, node = ARGV[1], tonumber(ARGV[2]), ARGV[5], ARGV[6]
+local uk, NC = given_user(user), KEYS[14]
+-- The keys declared are those of the connection's user and node: a record
+-- naming others is refused before anything changes.
+local owner = redis.call('HGET', C, id)
+if owner and owner ~= user then
+  return redis.error_reply('MISMATCH connection held by another user than the one given')
+end
+if owner then
+  local e = redis.call('HGET', uk.uc, id)
+  local _, n = parse(e or '')
+  if e and n ~= node then
+    return redis.error_reply('MISMATCH connection held by another node than the one given')
+  end
+end
 local out = new_out()
 if cause == 1 then
   -- Expired by its node: report it, with how late past its deadline.
@@ -10,7 +27,8 @@ if cause == 1 then
     table.insert(out.lags, math.max(0, NOW_MS - tonumber(dl)))
   end
 end
-if remove(id, cause, tonumber(ARGV[4]), tonumber(ARGV[5]), out) then
+if remove(id, cause, tonumber(ARGV[3]), tonumber(ARGV[4]), out,
+    function() return uk end, function() return NC end) then
   return reply(out)
 end
 -- Redis does not know the connection. If it lost the user altogether (a
@@ -19,14 +37,14 @@ end
 -- the grace to a published offline, with versions above any held. That
 -- grace lasts at least the hold-off: another node may still hold a live
 -- connection of the user that it has not written back yet.
-local u = P .. 'u:' .. user
-if user ~= '' and redis.call('EXISTS', u) == 0 and redis.call('HLEN', P .. 'uc:' .. user) == 0 then
-  local v = fmt(math.max(NOW_US, num(redis.call('GET', P .. 'fl')) + 1))
+local u = uk.u
+if ARGV[7] == '1' and redis.call('EXISTS', u) == 0 and redis.call('HLEN', uk.uc) == 0 then
+  local v = fmt(math.max(NOW_US, num(redis.call('GET', FL)) + 1))
   redis.call('HSET', u, 's', 1, 'v', v, 'seen', fmt(NOW_MS))
-  redis.call('SET', P .. 'sv:' .. user, '1:' .. v)
-  local g = NOW_MS + tonumber(ARGV[7])
+  redis.call('SET', uk.sv, '1:' .. v)
+  local g = NOW_MS + tonumber(ARGV[8])
   redis.call('HSET', u, 'grace', fmt(g))
-  redis.call('ZADD', P .. 'grace', g, user)
+  redis.call('ZADD', GRACE, g, user)
   out.gs = 1
   return reply(out)
 end

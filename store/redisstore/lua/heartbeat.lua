@@ -1,8 +1,9 @@
--- ARGV: prefix, ttl ms, id... Moves each known connection's deadline;
--- returns the ids the store does not know, for their node to re-assert.
-local ttl = tonumber(ARGV[2])
+-- KEYS: the shard's (prelude); only the deadlines are used. ARGV: ttl ms,
+-- id... Moves each known connection's deadline; returns the ids the store
+-- does not know, for their node to re-assert.
+local ttl = tonumber(ARGV[1])
 local missing = {}
-for i = 3, #ARGV do
+for i = 2, #ARGV do
   local id = ARGV[i]
   if redis.call('ZADD', DL, 'XX', 'CH', NOW_MS + ttl, id) == 0 and not redis.call('ZSCORE', DL, id) then
     table.insert(missing, id)

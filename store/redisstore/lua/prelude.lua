@@ -1,8 +1,11 @@
 -- Shared by every script: prepended by the Go side (Redis has no require).
--- KEYS[1] is the shard's deadline zset; ARGV[1] the shard's key prefix, so
--- every key a script touches shares one hash tag, hence one cluster slot.
-local P = ARGV[1]
-local DL = KEYS[1]
+-- KEYS start with the shard's keys, always in this order (shardKeys in
+-- scripts.go); a script about one user takes that user's keys after them
+-- (KEYS[10] to KEYS[13], see given_user), and some a node's connection set
+-- after those. Every key a script touches shares the shard's hash tag, hence
+-- one cluster slot.
+local DL, C, NODES, GRACE, PRESENT = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local LS, HO, FL, OFF = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local t = redis.call('TIME')
 local NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local NOW_MS = math.floor(NOW_US / 1000)
@@ -10,14 +13,37 @@ local NOW_MS = math.floor(NOW_US / 1000)
 local function num(s) return tonumber(s or '0') or 0 end
 local function fmt(n) return string.format('%.0f', n) end
 
+-- A user's keys, as a script passes them to derive, publish_if_changed and
+-- remove: state (u:), connections (uc:), the state's copy (sv:), teams (ut:).
+-- given_user names those the caller declared, at KEYS[10] to KEYS[13].
+local function given_user(user)
+  return {user = user, u = KEYS[10], uc = KEYS[11], sv = KEYS[12], ut = KEYS[13]}
+end
+
+-- The one exception to declared keys: sweep, reconcile and forget find
+-- users (and sweep dead nodes) while they run, in the shard's sets, so the
+-- keys of those cannot be named before the call. They are built here and
+-- nowhere else, from the prefix of the shard's own declared KEYS[1], so they
+-- carry its hash tag and stay in the slot the call was routed to.
+local SHARD = string.sub(DL, 1, -3) -- 'gd:{gdN}:' from 'gd:{gdN}:dl'
+local function found_user(user)
+  return {user = user, u = SHARD .. 'u:' .. user, uc = SHARD .. 'uc:' .. user,
+    sv = SHARD .. 'sv:' .. user, ut = SHARD .. 'ut:' .. user}
+end
+local function found_nc(node)
+  if node == '' then return nil end
+  return SHARD .. 'nc:' .. node
+end
+
 -- A user's connections: uc:<user> maps connection id to "device\nnode\nactive".
 local function parse(e)
   return string.match(e, '^(.-)\n(.-)\n(%d)$')
 end
 
 -- Rule 4: online if any device is active, away if all idle, offline if none.
-local function derive(user)
-  local vals = redis.call('HVALS', P .. 'uc:' .. user)
+-- uk: the user's keys (given_user or found_user).
+local function derive(uk)
+  local vals = redis.call('HVALS', uk.uc)
   if #vals == 0 then return 0 end
   for _, e in ipairs(vals) do
     local _, _, a = parse(e)
@@ -30,34 +56,39 @@ end
 -- are the largest of the last one plus one, Redis's clock in microseconds
 -- and the shard's resync floor plus one (floor.lua), so they keep increasing
 -- even after Redis loses its data, and exceed any floor a resync sent.
-local function publish_if_changed(user, out)
-  local u = P .. 'u:' .. user
+local function publish_if_changed(uk, out)
+  local user, u = uk.user, uk.u
   if redis.call('HEXISTS', u, 'grace') == 1 then return end
-  local s = derive(user)
+  local s = derive(uk)
   local cur = num(redis.call('HGET', u, 's'))
   if s == cur then return end
   -- The shard's count of users not offline, for greendot_users_online.
-  if cur == 0 then redis.call('INCR', P .. 'present') elseif s == 0 then redis.call('DECR', P .. 'present') end
-  local v = math.max(num(redis.call('HGET', u, 'v')) + 1, NOW_US, num(redis.call('GET', P .. 'fl')) + 1)
+  if cur == 0 then redis.call('INCR', PRESENT) elseif s == 0 then redis.call('DECR', PRESENT) end
+  local v = math.max(num(redis.call('HGET', u, 'v')) + 1, NOW_US, num(redis.call('GET', FL)) + 1)
   redis.call('HSET', u, 's', s, 'v', fmt(v))
   -- A copy of the state and version as a plain string, so that a snapshot
   -- reads a shard's users with one MGET instead of an HMGET per user. Not a
   -- field of one shard-wide hash: below 512 entries Redis keeps a hash as a
   -- listpack, whose every lookup scans it (9 us for three users of 500).
-  redis.call('SET', P .. 'sv:' .. user, s .. ':' .. fmt(v))
+  redis.call('SET', uk.sv, s .. ':' .. fmt(v))
   -- The shard's offline set, by when each user went offline: forget.lua
   -- forgets those offline for forget-after. A comeback leaves it.
-  if s == 0 then redis.call('ZADD', P .. 'off', NOW_MS, user) elseif cur == 0 then redis.call('ZREM', P .. 'off', user) end
-  local teams = redis.call('SMEMBERS', P .. 'ut:' .. user)
+  if s == 0 then redis.call('ZADD', OFF, NOW_MS, user) elseif cur == 0 then redis.call('ZREM', OFF, user) end
+  local teams = redis.call('SMEMBERS', uk.ut)
   table.insert(out.changes, {user, s, fmt(v), NOW_MS, teams})
 end
 
 -- Ends a connection. cause: 0 closed (the close is the last sign of life),
 -- 1 expired, 2 lost with its node (the last recorded sign of life counts).
-local function remove(id, cause, ttl, grace, out)
-  local user = redis.call('HGET', P .. 'c', id)
+-- keys_of(user) names the keys of the connection's user and nc_of(node) the
+-- set of the node holding it (nil: none): given keys for a script that
+-- declared them and checked they are the connection's, found ones for a
+-- script that discovered the connection.
+local function remove(id, cause, ttl, grace, out, keys_of, nc_of)
+  local user = redis.call('HGET', C, id)
   if not user then return false end
-  local e = redis.call('HGET', P .. 'uc:' .. user, id)
+  local uk = keys_of(user)
+  local e = redis.call('HGET', uk.uc, id)
   local node = ''
   if e then
     local _, n = parse(e)
@@ -65,21 +96,22 @@ local function remove(id, cause, ttl, grace, out)
   end
   local seen = num(redis.call('ZSCORE', DL, id)) - ttl
   if cause == 0 then seen = NOW_MS end
-  redis.call('HDEL', P .. 'c', id)
-  redis.call('HDEL', P .. 'uc:' .. user, id)
+  redis.call('HDEL', C, id)
+  redis.call('HDEL', uk.uc, id)
   redis.call('ZREM', DL, id)
-  redis.call('SREM', P .. 'nc:' .. node, id)
-  local u = P .. 'u:' .. user
+  local nc = nc_of(node)
+  if nc then redis.call('SREM', nc, id) end
+  local u = uk.u
   if seen > num(redis.call('HGET', u, 'seen')) then
     redis.call('HSET', u, 'seen', fmt(seen))
   end
-  if redis.call('HLEN', P .. 'uc:' .. user) == 0 then
+  if redis.call('HLEN', uk.uc) == 0 then
     local g = NOW_MS + grace
     redis.call('HSET', u, 'grace', fmt(g))
-    redis.call('ZADD', P .. 'grace', g, user)
+    redis.call('ZADD', GRACE, g, user)
     out.gs = out.gs + 1
   else
-    publish_if_changed(user, out)
+    publish_if_changed(uk, out)
   end
   return true
 end

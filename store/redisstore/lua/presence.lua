@@ -1,9 +1,9 @@
--- ARGV: prefix, ttl ms, user. Reply: {state, version, last seen ms, grace, conn entries...}
-local user, ttl = ARGV[3], tonumber(ARGV[2])
-local u = P .. 'u:' .. user
-local h = redis.call('HMGET', u, 's', 'v', 'seen')
+-- KEYS: the shard's (prelude) and the user's (KEYS[10] to KEYS[13]).
+-- ARGV: ttl ms. Reply: {state, version, last seen ms, grace, conn entries...}
+local uk, ttl = given_user(), tonumber(ARGV[1])
+local h = redis.call('HMGET', uk.u, 's', 'v', 'seen')
 local seen = num(h[3])
-local conns = redis.call('HGETALL', P .. 'uc:' .. user)
+local conns = redis.call('HGETALL', uk.uc)
 local r = {num(h[1]), h[2] or '0', 0}
 for i = 1, #conns, 2 do
   local dl = num(redis.call('ZSCORE', DL, conns[i]))

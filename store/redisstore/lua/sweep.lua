@@ -1,9 +1,14 @@
--- ARGV: prefix, ttl ms, grace ms, node ttl ms, hold-off ms, batch limit,
--- gap ms (a pause in sweeping longer than this starts a hold-off), the
--- sweeping node, recovering (1/0: it is writing its connections back).
--- One shard's sweep, atomic: whatever it claims, no other node can.
-local ttl, grace, nodettl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local holdoff, limit, gap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+-- KEYS: the shard's (prelude). ARGV: ttl ms, grace ms, node ttl ms,
+-- hold-off ms, batch limit, gap ms (a pause in sweeping longer than this
+-- starts a hold-off), the sweeping node, recovering (1/0: it is writing its
+-- connections back).
+-- One shard's sweep, atomic: whatever it claims, no other node can. What it
+-- claims is found while it runs (dead nodes in NODES, their connections in
+-- their nc: sets, late deadlines in DL, ended graces in GRACE), and so are
+-- the keys of those users and nodes: found_user and found_nc (prelude) build
+-- them with the shard's hash tag, hence its slot.
+local ttl, grace, nodettl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local holdoff, limit, gap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local out = new_out()
 -- Nobody swept for a while: Redis was away or restarted with old data, or
 -- every node was paused. Hold off, so live nodes beat and re-assert before
@@ -15,22 +20,23 @@ local out = new_out()
 -- beat found it missing and it is re-asserting. That holds off too: until
 -- every live node has written its connections back, a grace that ends may
 -- be that of a user with a connection Redis does not know yet.
-local last = redis.call('GET', P .. 'ls')
-redis.call('SET', P .. 'ls', NOW_MS)
-local emptied = not last and (ARGV[9] == '1' or not redis.call('ZSCORE', P .. 'nodes', ARGV[8]))
+local last = redis.call('GET', LS)
+redis.call('SET', LS, NOW_MS)
+local emptied = not last and (ARGV[8] == '1' or not redis.call('ZSCORE', NODES, ARGV[7]))
 if emptied or (last and NOW_MS - tonumber(last) > gap) then
-  redis.call('SET', P .. 'ho', NOW_MS + holdoff)
+  redis.call('SET', HO, NOW_MS + holdoff)
   return reply(out)
 end
-if NOW_MS < num(redis.call('GET', P .. 'ho')) then return reply(out) end
+if NOW_MS < num(redis.call('GET', HO)) then return reply(out) end
 
 -- Connections of dead nodes: released well before their own ttl.
-local dead = redis.call('ZRANGEBYSCORE', P .. 'nodes', '-inf', NOW_MS - nodettl, 'WITHSCORES', 'LIMIT', 0, 10)
+local dead = redis.call('ZRANGEBYSCORE', NODES, '-inf', NOW_MS - nodettl, 'WITHSCORES', 'LIMIT', 0, 10)
 for i = 1, #dead, 2 do
   local node, beat = dead[i], tonumber(dead[i + 1])
-  local ids = redis.call('SPOP', P .. 'nc:' .. node, limit)
+  local nc = found_nc(node)
+  local ids = redis.call('SPOP', nc, limit)
   for _, id in ipairs(ids) do
-    if remove(id, 2, ttl, grace, out) then
+    if remove(id, 2, ttl, grace, out, found_user, found_nc) then
       table.insert(out.expired, id)
       -- A node that left (beat 0) is released at once: no lag to report.
       local lag = 0
@@ -38,8 +44,8 @@ for i = 1, #dead, 2 do
       table.insert(out.lags, math.max(0, lag))
     end
   end
-  if redis.call('SCARD', P .. 'nc:' .. node) == 0 then
-    redis.call('ZREM', P .. 'nodes', node)
+  if redis.call('SCARD', nc) == 0 then
+    redis.call('ZREM', NODES, node)
   end
 end
 
@@ -47,21 +53,22 @@ end
 -- node lives (the node normally expires its own silent connections).
 local late = redis.call('ZRANGEBYSCORE', DL, '-inf', NOW_MS - ttl, 'WITHSCORES', 'LIMIT', 0, limit)
 for i = 1, #late, 2 do
-  if remove(late[i], 1, ttl, grace, out) then
+  if remove(late[i], 1, ttl, grace, out, found_user, found_nc) then
     table.insert(out.expired, late[i])
     table.insert(out.lags, NOW_MS - tonumber(late[i + 1]))
   end
 end
 
 -- Graces that are over.
-local ends = redis.call('ZRANGEBYSCORE', P .. 'grace', '-inf', NOW_MS, 'LIMIT', 0, limit)
+local ends = redis.call('ZRANGEBYSCORE', GRACE, '-inf', NOW_MS, 'LIMIT', 0, limit)
 for _, user in ipairs(ends) do
-  redis.call('ZREM', P .. 'grace', user)
-  local u = P .. 'u:' .. user
+  redis.call('ZREM', GRACE, user)
+  local uk = found_user(user)
+  local u = uk.u
   local g = redis.call('HGET', u, 'grace')
-  if g and tonumber(g) <= NOW_MS and redis.call('HLEN', P .. 'uc:' .. user) == 0 then
+  if g and tonumber(g) <= NOW_MS and redis.call('HLEN', uk.uc) == 0 then
     redis.call('HDEL', u, 'grace')
-    publish_if_changed(user, out)
+    publish_if_changed(uk, out)
   end
 end
 return reply(out)
