@@ -53,7 +53,9 @@ func (s *Store) flushHeartbeats(ctx context.Context) {
 		for _, id := range ids {
 			args = append(args, id)
 		}
-		calls = append(calls, call{keys: shardKeys(sh), args: args})
+		// The deadlines are all a heartbeat touches: only they are passed
+		// (KEYS[1]), which spares Redis eight keys per call on its hottest path.
+		calls = append(calls, call{keys: shardKeys(sh)[:1], args: args})
 		s.m.pipelineSize.Observe(float64(len(ids)))
 	}
 	start := time.Now()

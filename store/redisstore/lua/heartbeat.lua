@@ -1,5 +1,5 @@
--- KEYS: the shard's (prelude); only the deadlines are used. ARGV: ttl ms,
--- id... Moves each known connection's deadline; returns the ids the store
+-- KEYS: the shard's deadlines only (KEYS[1] of the prelude's layout): the
+-- one key it touches. ARGV: ttl ms, id... Moves each known connection's deadline; returns the ids the store
 -- does not know, for their node to re-assert.
 local ttl = tonumber(ARGV[1])
 local missing = {}
