@@ -35,13 +35,19 @@ func (s *Store) flushLoop() {
 	}
 }
 
+// heard is a heartbeat of connection id, in shard.
+type heard struct {
+	shard int
+	id    string
+}
+
 // flushHeartbeats writes one script call per shard with pending heartbeats,
 // in one pipeline, and re-asserts connections Redis no longer knows.
 func (s *Store) flushHeartbeats(ctx context.Context) {
-	s.hbMu.Lock()
-	pending := s.hbPending
-	s.hbPending = make(map[int][]string, len(pending))
-	s.hbMu.Unlock()
+	pending := make(map[int][]string)
+	for _, h := range s.beats.take() {
+		pending[h.shard] = append(pending[h.shard], h.id)
+	}
 	if len(pending) == 0 {
 		return
 	}

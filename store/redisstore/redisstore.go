@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"log/slog"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -83,14 +84,9 @@ type Store struct {
 	mu    sync.Mutex
 	conns map[string]*localConn // this node's live connections
 
-	hbMu      sync.Mutex
-	hbPending map[int][]string // shard → connection ids heard from
-
-	endsMu sync.Mutex
-	ends   []pendingEnd // guarded by endsMu
-
-	pubMu       sync.Mutex
-	unpublished []pubMsg // changes whose publish failed, retried by flushLoop
+	beats       backlog[heard]      // heartbeats, written in batches by flushLoop
+	ends        backlog[pendingEnd] // ends to make again, by flushLoop
+	unpublished backlog[pubMsg]     // changes whose publish failed, retried by flushLoop
 
 	subs *subscriber
 
@@ -151,13 +147,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
 	s := &Store{
-		cfg:       cfg,
-		sc:        loadScripts(),
-		log:       cfg.Logger,
-		m:         newStoreMetrics(),
-		conns:     make(map[string]*localConn),
-		hbPending: make(map[int][]string),
-		stop:      make(chan struct{}),
+		cfg:   cfg,
+		sc:    loadScripts(),
+		log:   cfg.Logger,
+		m:     newStoreMetrics(),
+		conns: make(map[string]*localConn),
+		stop:  make(chan struct{}),
 	}
 	// A script that timed out may have run: retrying it could apply it twice.
 	// Failures surface instead, and re-assertion repairs what they leave.
@@ -339,10 +334,7 @@ func (s *Store) Heartbeat(_ context.Context, connID string) error {
 	if !ok {
 		return ErrUnknownConn
 	}
-	sh := shardOf(lc.user)
-	s.hbMu.Lock()
-	s.hbPending[sh] = append(s.hbPending[sh], connID)
-	s.hbMu.Unlock()
+	s.beats.add(math.MaxInt, heard{shardOf(lc.user), connID})
 	return nil
 }
 
@@ -598,23 +590,15 @@ type pendingEnd struct {
 const maxPendingEnds = 100000
 
 func (s *Store) endLater(e pendingEnd) {
-	s.endsMu.Lock()
-	defer s.endsMu.Unlock()
-	if len(s.ends) >= maxPendingEnds {
+	if !s.ends.add(maxPendingEnds, e) {
 		s.healthy.Store(false)
-		return
 	}
-	s.ends = append(s.ends, e)
 }
 
 // retryEnds runs the pending ends; the ones that fail again wait for the
 // next flush, up to 20 tries (reconciliation covers the rest).
 func (s *Store) retryEnds(ctx context.Context) {
-	s.endsMu.Lock()
-	ends := s.ends
-	s.ends = nil
-	s.endsMu.Unlock()
-	for _, e := range ends {
+	for _, e := range s.ends.take() {
 		c := s.disconnectCall(e.id, e.user, e.node, e.cause, e.known)
 		v, err := run(ctx, s.rdb, s.sc.disconnect, c.keys, c.args...)
 		switch {

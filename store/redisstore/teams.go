@@ -282,22 +282,14 @@ func (s *Store) publish(ctx context.Context, msgs []pubMsg) {
 		return
 	}
 	s.m.errors.WithLabelValues("publish").Add(float64(len(failed)))
-	s.pubMu.Lock()
-	s.unpublished = append(s.unpublished, failed...)
-	if over := len(s.unpublished) - maxUnpublished; over > 0 {
-		s.unpublished = s.unpublished[over:]
+	if s.unpublished.addDroppingOldest(maxUnpublished, failed...) > 0 {
 		s.healthy.Store(false) // too much lost: resync viewers on recovery
 	}
-	s.pubMu.Unlock()
 }
 
 // retryPublish sends the queued messages again.
 func (s *Store) retryPublish(ctx context.Context) {
-	s.pubMu.Lock()
-	msgs := s.unpublished
-	s.unpublished = nil
-	s.pubMu.Unlock()
-	s.publish(ctx, msgs)
+	s.publish(ctx, s.unpublished.take())
 }
 
 // States reads only the state and version of each user: what a snapshot
