@@ -365,6 +365,12 @@ func testMembershipEvents(t *testing.T, h *harness) {
 // moment (joined exactly when its user's teams name the team), and the last
 // event of each membership must tell its final state.
 func testConcurrentMembership(t *testing.T, h *harness) {
+	concurrentMembership(t, h, h.s, h.s)
+}
+
+// concurrentMembership is testConcurrentMembership with the adds made
+// through add and the removes through remove (two nodes of a shared store).
+func concurrentMembership(t *testing.T, h *harness, add, remove store.Teams) {
 	const users, teams, rounds = 10, 3, 10
 	user := func(i int) string { return fmt.Sprint("racer", i) }
 	team := func(j int) string { return fmt.Sprint("race", j) }
@@ -375,8 +381,8 @@ func testConcurrentMembership(t *testing.T, h *harness) {
 		for i := 0; i < users; i++ {
 			for j := 0; j < teams; j++ {
 				wg.Add(2)
-				go func() { defer wg.Done(); errs <- h.s.AddMember(h.ctx, team(j), user(i)) }()
-				go func() { defer wg.Done(); errs <- h.s.RemoveMember(h.ctx, team(j), user(i)) }()
+				go func() { defer wg.Done(); errs <- add.AddMember(h.ctx, team(j), user(i)) }()
+				go func() { defer wg.Done(); errs <- remove.RemoveMember(h.ctx, team(j), user(i)) }()
 			}
 		}
 		wg.Wait()
