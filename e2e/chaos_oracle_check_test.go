@@ -36,13 +36,19 @@ func TestChaosOracle(t *testing.T) {
 		node     string
 		from, to float64
 	}
+	type span struct {
+		team, user string
+		from, to   float64 // to 0: open
+	}
 	type hist struct {
-		subject []sess       // u01's device
-		frozen  [][2]float64 // and when it was frozen
-		changes []change
-		wire    []wire
-		faults  []fault
-		want    map[string]int // figures that must be this (0: must be absent)
+		members      []span       // replace the viewer's membership
+		viewerFrozen [][2]float64 // when the viewer was frozen
+		subject      []sess       // u01's device
+		frozen       [][2]float64 // and when it was frozen
+		changes      []change
+		wire         []wire
+		faults       []fault
+		want         map[string]int // figures that must be this (0: must be absent)
 	}
 	online := func(recv float64) change {
 		return change{recv: recv, user: "u01", state: "online", version: 1}
@@ -102,6 +108,21 @@ func TestChaosOracle(t *testing.T) {
 			wire:    []wire{{0.1, true, "u01", "online", 1}, {4, false, "u02", "online", 1}},
 			want:    map[string]int{"visibility": 1},
 		},
+		"sent before a removal, read after a freeze": {
+			subject:      []sess{{0, 0, "b", ""}},
+			changes:      []change{online(0.1)},
+			wire:         []wire{{0.1, true, "u01", "online", 1}, {8, false, "u01", "away", 2}},
+			members:      []span{{"t0", "u00", -10, 5}},
+			viewerFrozen: [][2]float64{{4, 8}},
+			want:         map[string]int{"visibility": 0},
+		},
+		"sent after a removal": {
+			subject: []sess{{0, 0, "b", ""}},
+			changes: []change{online(0.1)},
+			wire:    []wire{{0.1, true, "u01", "online", 1}, {8, false, "u01", "away", 2}},
+			members: []span{{"t0", "u00", -10, 5}},
+			want:    map[string]int{"visibility": 1},
+		},
 		"the viewer itself": {
 			subject: []sess{{0, 0, "b", ""}},
 			changes: []change{online(0.1)},
@@ -149,6 +170,16 @@ func TestChaosOracle(t *testing.T) {
 				{team: "t0", user: "u01", interval: interval{from: at(-10)}, joined: at(-10)},
 				{team: "t1", user: "u02", interval: interval{from: at(-10)}, joined: at(-10)},
 			}
+			if len(h.members) > 0 {
+				w.spans = w.spans[1:]
+				for _, m := range h.members {
+					sp := &memberSpan{team: m.team, user: m.user, interval: interval{from: at(m.from)}, joined: at(m.from)}
+					if m.to != 0 {
+						sp.to, sp.leaving = at(m.to), at(m.to)
+					}
+					w.spans = append(w.spans, sp)
+				}
+			}
 			for _, f := range h.faults {
 				w.faults = append(w.faults, &faultWindow{kind: f.kind, node: f.node, interval: interval{from: at(f.from), to: at(f.to)}})
 			}
@@ -159,6 +190,9 @@ func TestChaosOracle(t *testing.T) {
 				rc.entries = append(rc.entries, wireEntry{recv: at(e.recv), snapshot: e.snapshot, user: e.user, state: e.state, version: e.version})
 			}
 			viewer.raws = []*rawConn{rc}
+			for _, f := range h.viewerFrozen {
+				viewer.freezes = append(viewer.freezes, interval{from: at(f[0]), to: at(f[1])})
+			}
 			for _, c := range h.changes {
 				ch := client.Change{UserID: c.user, State: c.state, Previous: c.prev, Version: c.version, Received: at(c.recv), FromSnapshot: c.at == 0}
 				if c.at != 0 {

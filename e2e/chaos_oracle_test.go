@@ -730,7 +730,16 @@ func (o *oracle) judgeFrames() {
 					o.violate("self", "%s on %s was sent its own presence %s v%d at %s", v, rc.node, e.state, e.version, o.at(e.recv))
 					continue
 				}
-				if !o.visibleDuring(v.user, e.user, e.recv.Add(-time.Second), e.recv) {
+				// A frozen device reads at the thaw what was sent during
+				// the freeze: it may have been sent since the freeze began.
+				sent := e.recv.Add(-time.Second)
+				for _, f := range v.freezes {
+					if f.overlaps(sent, e.recv) && f.from.Add(-time.Second).Before(sent) {
+						sent = f.from.Add(-time.Second)
+					}
+				}
+				afterFreeze := !sent.Equal(e.recv.Add(-time.Second))
+				if !o.visibleDuring(v.user, e.user, sent, e.recv) {
 					o.violate("visibility", "%s on %s was sent %s=%s v%d at %s (snapshot %v) though they shared no team within 1s",
 						v, rc.node, e.user, e.state, e.version, o.at(e.recv), e.snapshot)
 				}
@@ -740,7 +749,7 @@ func (o *oracle) judgeFrames() {
 					o.violate("out of order", "%s on %s got %s=%s v%d at %s after v%d on the same connection",
 						v, rc.node, e.user, e.state, e.version, o.at(e.recv), prev)
 				case seen && e.version == prev:
-					if o.recovering(rc.node, v.user, e.user, e.recv) {
+					if afterFreeze || o.recovering(rc.node, v.user, e.user, e.recv) {
 						o.fig["resent in a recovery"]++
 					} else {
 						o.violate("doubled", "%s on %s got %s=%s v%d twice on one connection (again at %s)",

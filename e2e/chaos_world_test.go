@@ -394,6 +394,9 @@ type world struct {
 }
 
 func (w *world) since(t time.Time) string {
+	if w.start.IsZero() {
+		return "setup"
+	}
 	return fmt.Sprintf("+%.2fs", t.Sub(w.start).Seconds())
 }
 
