@@ -694,6 +694,15 @@ func (o *oracle) judgeOffline(v *devCopy, node string, u *userTruth, ch client.C
 				return // the viewer did not read meanwhile
 			}
 		}
+		watching := false
+		for _, vp := range o.users[v.user].sure {
+			if vp.dev == v && !vp.from.After(end) && (vp.to.IsZero() || !vp.to.Before(ch.Received)) {
+				watching = true
+			}
+		}
+		if !watching {
+			return // it connected since: its snapshot's delay is no offline lag
+		}
 		lag := ch.Received.Sub(end)
 		cause := p.kind
 		if o.excused(node, u, ch.Received, o.tm.ttl+o.tm.grace+2*time.Second) != nil {
