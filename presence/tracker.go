@@ -112,10 +112,15 @@ func (t *Tracker) Disconnect(now time.Time, connID string, cause Cause) (Outcome
 // DisconnectNode ends every connection held by node, as when it died.
 func (t *Tracker) DisconnectNode(now time.Time, node string) Outcome {
 	var out Outcome
+	var users []string
 	for _, ce := range t.conns {
 		if ce.Node == node {
-			t.removeLocked(now, ce, Lost, &out)
+			t.detachLocked(now, ce, Lost, &out)
+			users = appendUnique(users, ce.UserID)
 		}
+	}
+	for _, u := range users {
+		t.settleLocked(now, u, &out)
 	}
 	return out
 }
@@ -125,6 +130,7 @@ func (t *Tracker) DisconnectNode(now time.Time, node string) Outcome {
 // forgotten entry costs O(log n); nothing scans.
 func (t *Tracker) Advance(now time.Time) Outcome {
 	var out Outcome
+	var expired []string // users whose connections expired, settled once
 	for t.expiry.Len() > 0 && !t.expiry.peek().at.After(now) {
 		d := heap.Pop(&t.expiry).(deadline)
 		ce, ok := t.conns[d.key]
@@ -135,7 +141,11 @@ func (t *Tracker) Advance(now time.Time) Outcome {
 			heap.Push(&t.expiry, deadline{at: ce.deadline, key: d.key}) // heard from since
 			continue
 		}
-		t.removeLocked(now, ce, Expired, &out)
+		t.detachLocked(now, ce, Expired, &out)
+		expired = appendUnique(expired, ce.UserID)
+	}
+	for _, u := range expired {
+		t.settleLocked(now, u, &out)
 	}
 	for t.graces.Len() > 0 && !t.graces.peek().at.After(now) {
 		d := heap.Pop(&t.graces).(deadline)
@@ -230,6 +240,15 @@ func (t *Tracker) user(id string) *userEntry {
 }
 
 func (t *Tracker) removeLocked(now time.Time, ce *connEntry, cause Cause, out *Outcome) {
+	t.detachLocked(now, ce, cause, out)
+	t.settleLocked(now, ce.UserID, out)
+}
+
+// detachLocked ends a connection without deciding what its user's state
+// becomes: several connections ended by one event (a node lost, deadlines
+// due together) are all detached, then their users settled once, so no
+// state in between (away, when the active device went first) is published.
+func (t *Tracker) detachLocked(now time.Time, ce *connEntry, cause Cause, out *Outcome) {
 	delete(t.conns, ce.ID)
 	u := t.users[ce.UserID]
 	if i := slices.Index(u.conns, ce); i >= 0 {
@@ -246,13 +265,22 @@ func (t *Tracker) removeLocked(now time.Time, ce *connEntry, cause Cause, out *O
 	if seen.After(u.lastSeen) {
 		u.lastSeen = seen
 	}
+}
+
+// settleLocked decides the state of a user whose connections changed: the
+// grace if none is left, else whatever the rest derive.
+func (t *Tracker) settleLocked(now time.Time, userID string, out *Outcome) {
+	u := t.users[userID]
 	if len(u.conns) == 0 {
+		if !u.graceUntil.IsZero() {
+			return // in grace already
+		}
 		u.graceUntil = now.Add(t.cfg.Grace)
-		heap.Push(&t.graces, deadline{at: u.graceUntil, key: ce.UserID})
+		heap.Push(&t.graces, deadline{at: u.graceUntil, key: userID})
 		out.GraceStarted++
 		return
 	}
-	t.publishIfChanged(now, ce.UserID, u, out)
+	t.publishIfChanged(now, userID, u, out)
 }
 
 // publishIfChanged publishes the user's derived state if it differs from the

@@ -425,3 +425,36 @@ func TestForgetAfterZeroNeverForgets(t *testing.T) {
 		t.Fatalf("bob = %+v, %d queued", p, w.tr.forgets.Len())
 	}
 }
+
+// A user whose devices all go at once (their node is lost, or their
+// deadlines are due in one sweep) stays as they were through the grace,
+// then goes offline: never away in between because the active device
+// happened to be ended first.
+func TestDevicesEndedTogetherPublishNoStateBetween(t *testing.T) {
+	for _, how := range []string{"node lost", "expired together"} {
+		t.Run(how, func(t *testing.T) {
+			for round := 0; round < 50; round++ {
+				now := time.Unix(1000, 0)
+				tr := NewTracker(Config{TTL: 10 * time.Second, Grace: time.Second})
+				if _, err := tr.Connect(now, Conn{ID: "c1", UserID: "bob", Device: "web", Node: "n"}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := tr.Connect(now, Conn{ID: "c2", UserID: "bob", Device: "ios", Node: "n"}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := tr.SetStatus(now, "c2", false); err != nil {
+					t.Fatal(err)
+				}
+				var out Outcome
+				if how == "node lost" {
+					out = tr.DisconnectNode(now.Add(time.Second), "n")
+				} else {
+					out = tr.Advance(now.Add(11 * time.Second))
+				}
+				if len(out.Changes) != 0 || out.GraceStarted != 1 {
+					t.Fatalf("round %d: changes %v, graces started %d; want none and 1", round, out.Changes, out.GraceStarted)
+				}
+			}
+		})
+	}
+}

@@ -124,3 +124,34 @@ func TestVersionsAfterAResyncExceedItsFloor(t *testing.T) {
 }
 
 var _ store.Resyncer = (*resyncRec)(nil)
+
+// A user whose devices all go at once (their node is lost, or the node
+// reaps them in one tick) stays as they were through the grace, then goes
+// offline: never away in between because the active device happened to be
+// ended first (the sweep took a dead node's connections one by one).
+func TestDevicesEndedTogetherPublishNoStateBetween(t *testing.T) {
+	ctx := context.Background()
+	for _, how := range []string{"node lost", "expired together"} {
+		t.Run(how, func(t *testing.T) {
+			for round := 0; round < 5; round++ {
+				r := redistest.Start(t)
+				a, h := mk(t, r.URL(), "a", time.Second, 300*time.Millisecond)
+				b, _ := mk(t, r.URL(), "b", time.Second, 300*time.Millisecond)
+				must(t, a.AddMember(ctx, "t", "bob"))
+				for _, id := range []string{"c1", "c2", "c3"} {
+					must(t, b.Connect(ctx, presence.Conn{ID: id, UserID: "bob", Device: id}))
+				}
+				must(t, b.SetStatus(ctx, "c2", false))
+				must(t, b.SetStatus(ctx, "c3", false))
+				waitHist(t, h, 2*time.Second, a, "bob=online")
+				if how == "node lost" {
+					kill9(b)
+				} else {
+					time.Sleep(1100 * time.Millisecond) // past the ttl: Redis's clock must pass it
+					must(t, b.Disconnect(ctx, "c1", presence.Expired))
+				}
+				waitHist(t, h, 5*time.Second, a, "bob=online bob=offline")
+			}
+		})
+	}
+}

@@ -27,8 +27,28 @@ if cause == 1 then
     table.insert(out.lags, math.max(0, NOW_MS - tonumber(dl)))
   end
 end
-if remove(id, cause, tonumber(ARGV[3]), tonumber(ARGV[4]), out,
-    function() return uk end, function() return NC end) then
+local ttl, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
+local given = function() return uk end
+local nc = function() return NC end
+if detach(id, cause, ttl, given, nc) then
+  if cause == 1 then
+    -- The user's other connections on this node whose deadline has passed
+    -- too are expiring at the same moment (the node reaps them in the same
+    -- tick): ended with this one and the user settled once, so no state in
+    -- between is published (away, when the active device went first).
+    local entries = redis.call('HGETALL', uk.uc)
+    for i = 1, #entries, 2 do
+      local cid = entries[i]
+      local _, n = parse(entries[i + 1])
+      local dl = redis.call('ZSCORE', DL, cid)
+      if n == node and dl and tonumber(dl) <= NOW_MS then
+        detach(cid, 1, ttl, given, nc)
+        table.insert(out.expired, cid)
+        table.insert(out.lags, NOW_MS - tonumber(dl))
+      end
+    end
+  end
+  settle(uk, grace, out)
   return reply(out)
 end
 -- Redis does not know the connection. If it lost the user altogether (a

@@ -78,15 +78,17 @@ local function publish_if_changed(uk, out)
   table.insert(out.changes, {user, s, fmt(v), NOW_MS, teams})
 end
 
--- Ends a connection. cause: 0 closed (the close is the last sign of life),
--- 1 expired, 2 lost with its node (the last recorded sign of life counts).
--- keys_of(user) names the keys of the connection's user and nc_of(node) the
--- set of the node holding it (nil: none): given keys for a script that
--- declared them and checked they are the connection's, found ones for a
--- script that discovered the connection.
-local function remove(id, cause, ttl, grace, out, keys_of, nc_of)
+-- Ends a connection without deciding what its user's state becomes (see
+-- settle); returns the user's keys, or nil when the connection is unknown.
+-- cause: 0 closed (the close is the last sign of life), 1 expired, 2 lost
+-- with its node (the last recorded sign of life counts). keys_of(user)
+-- names the keys of the connection's user and nc_of(node) the set of the
+-- node holding it (nil: none): given keys for a script that declared them
+-- and checked they are the connection's, found ones for a script that
+-- discovered the connection.
+local function detach(id, cause, ttl, keys_of, nc_of)
   local user = redis.call('HGET', C, id)
-  if not user then return false end
+  if not user then return nil end
   local uk = keys_of(user)
   local e = redis.call('HGET', uk.uc, id)
   local node = ''
@@ -105,15 +107,44 @@ local function remove(id, cause, ttl, grace, out, keys_of, nc_of)
   if seen > num(redis.call('HGET', u, 'seen')) then
     redis.call('HSET', u, 'seen', fmt(seen))
   end
+  return uk
+end
+
+-- Decides the state of a user whose connections were detached: the grace
+-- if none is left, else what the rest derive. Several connections ended by
+-- one event (a node lost, deadlines found late together) are all detached
+-- first and their users settled once (see settle_all), so that no state in
+-- between (away, when the active device went first) is published.
+local function settle(uk, grace, out)
   if redis.call('HLEN', uk.uc) == 0 then
+    if redis.call('HEXISTS', uk.u, 'grace') == 1 then return end
     local g = NOW_MS + grace
-    redis.call('HSET', u, 'grace', fmt(g))
-    redis.call('ZADD', GRACE, g, user)
+    redis.call('HSET', uk.u, 'grace', fmt(g))
+    redis.call('ZADD', GRACE, g, uk.user)
     out.gs = out.gs + 1
   else
     publish_if_changed(uk, out)
   end
+end
+
+-- Ends a connection and settles its user.
+local function remove(id, cause, ttl, grace, out, keys_of, nc_of)
+  local uk = detach(id, cause, ttl, keys_of, nc_of)
+  if not uk then return false end
+  settle(uk, grace, out)
   return true
+end
+
+-- A set of users to settle once each, in the order first seen.
+local function new_batch() return {list = {}, seen = {}} end
+local function batch_add(b, uk)
+  if not b.seen[uk.user] then
+    b.seen[uk.user] = true
+    table.insert(b.list, uk)
+  end
+end
+local function settle_all(b, grace, out)
+  for _, uk in ipairs(b.list) do settle(uk, grace, out) end
 end
 
 local function new_out() return {gc = 0, gs = 0, expired = {}, lags = {}, changes = {}} end

@@ -15,9 +15,12 @@ local function nc_of(n)
   if n == node then return NC end
   return found_nc(n)
 end
+local ended = new_batch()
 for _, id in ipairs(redis.call('SMEMBERS', NC)) do
   if not live[id] and num(redis.call('ZSCORE', DL, id)) - ttl < since then
-    remove(id, 2, ttl, grace, out, found_user, nc_of)
+    local uk = detach(id, 2, ttl, found_user, nc_of)
+    if uk then batch_add(ended, uk) end
   end
 end
+settle_all(ended, grace, out)
 return reply(out)

@@ -35,8 +35,11 @@ for i = 1, #dead, 2 do
   local node, beat = dead[i], tonumber(dead[i + 1])
   local nc = found_nc(node)
   local ids = redis.call('SPOP', nc, limit)
+  local lost = new_batch()
   for _, id in ipairs(ids) do
-    if remove(id, 2, ttl, grace, out, found_user, found_nc) then
+    local uk = detach(id, 2, ttl, found_user, found_nc)
+    if uk then
+      batch_add(lost, uk)
       table.insert(out.expired, id)
       -- A node that left (beat 0) is released at once: no lag to report.
       local lag = 0
@@ -44,6 +47,7 @@ for i = 1, #dead, 2 do
       table.insert(out.lags, math.max(0, lag))
     end
   end
+  settle_all(lost, grace, out)
   if redis.call('SCARD', nc) == 0 then
     redis.call('ZREM', NODES, node)
   end
@@ -52,12 +56,16 @@ end
 -- A safety net: a connection silent for ttl past its deadline although its
 -- node lives (the node normally expires its own silent connections).
 local late = redis.call('ZRANGEBYSCORE', DL, '-inf', NOW_MS - ttl, 'WITHSCORES', 'LIMIT', 0, limit)
+local overdue = new_batch()
 for i = 1, #late, 2 do
-  if remove(late[i], 1, ttl, grace, out, found_user, found_nc) then
+  local uk = detach(late[i], 1, ttl, found_user, found_nc)
+  if uk then
+    batch_add(overdue, uk)
     table.insert(out.expired, late[i])
     table.insert(out.lags, NOW_MS - tonumber(late[i + 1]))
   end
 end
+settle_all(overdue, grace, out)
 
 -- Graces that are over.
 local ends = redis.call('ZRANGEBYSCORE', GRACE, '-inf', NOW_MS, 'LIMIT', 0, limit)
