@@ -41,6 +41,9 @@ func TestChaosOracle(t *testing.T) {
 		from, to   float64 // to 0: open
 	}
 	type hist struct {
+		second       []sess       // u01's second device
+		secondAway   bool         // idle from the start
+		frozen2      [][2]float64 // when the second one was frozen
 		members      []span       // replace the viewer's membership
 		viewerFrozen [][2]float64 // when the viewer was frozen
 		subject      []sess       // u01's device
@@ -146,6 +149,14 @@ func TestChaosOracle(t *testing.T) {
 			changes: []change{online(0.1), {9.5, 9.6, "u01", "offline", "online", 2}},
 			want:    map[string]int{"false offline": 1},
 		},
+		"away while an online device may be gone": {
+			subject:    []sess{{0, 10, "b", "blip"}, {10.3, 0, "a", ""}},
+			second:     []sess{{0, 0, "b", ""}},
+			secondAway: true,
+			frozen2:    [][2]float64{{9, 20}},
+			changes:    []change{online(0.1), {10.1, 10.2, "u01", "away", "online", 2}},
+			want:       map[string]int{"spurious": 0},
+		},
 		"released by the others while its node is cut off": {
 			subject: []sess{{0, 0, "b", ""}},
 			changes: []change{online(0.1), {7.6, 7.7, "u01", "offline", "online", 2}, {9.6, 9.7, "u01", "online", "offline", 3}},
@@ -212,9 +223,28 @@ func TestChaosOracle(t *testing.T) {
 			for _, f := range h.frozen {
 				subject.freezes = append(subject.freezes, interval{from: at(f[0]), to: at(f[1])})
 			}
+			var extra []*device
+			if len(h.second) > 0 {
+				d3 := &device{w: w, id: 3, user: "u01", name: "d3"}
+				for _, ss := range h.second {
+					se := &session{start: at(ss.from), node: ss.node, endKind: ss.kind}
+					if ss.to != 0 {
+						se.end = at(ss.to)
+					}
+					d3.sessions = append(d3.sessions, se)
+				}
+				if h.secondAway {
+					d3.statuses = []statusChange{{at: at(-1), state: "away"}}
+				}
+				for _, f := range h.frozen2 {
+					d3.freezes = append(d3.freezes, interval{from: at(f[0]), to: at(f[1])})
+				}
+				d3.changes = []client.Change{{UserID: "u00", State: "online", Version: 1, Received: at(h.second[0].from), FromSnapshot: true}}
+				extra = append(extra, d3)
+			}
 			// The subject sees the viewer, which is online throughout.
 			subject.changes = []client.Change{{UserID: "u00", State: "online", Version: 1, Received: at(h.subject[0].from), FromSnapshot: true}}
-			w.devices = []*device{viewer, subject}
+			w.devices = append([]*device{viewer, subject}, extra...)
 			o := newOracle(w, at(0), at(30))
 			o.judgeChanges()
 			o.judgeFrames()

@@ -365,6 +365,16 @@ func (o *oracle) buildTruth(u *userTruth) {
 	}
 	slices.SortFunc(bounds, func(a, b time.Time) int { return a.Compare(b) })
 	bounds = slices.CompactFunc(bounds, func(a, b time.Time) bool { return a.Equal(b) })
+	stateOfSet := func(set []*devCopy, t time.Time) string {
+		st := "offline"
+		for _, dc := range set {
+			if dc.statusAt(t) == "online" {
+				return "online"
+			}
+			st = "away"
+		}
+		return st
+	}
 	stateOf := func(t time.Time, live func(*devCopy, time.Time) bool) string {
 		st := "offline"
 		for _, dc := range u.devs {
@@ -397,6 +407,28 @@ func (o *oracle) buildTruth(u *userTruth) {
 	for _, b := range bounds {
 		s := seg{from: b, sure: stateOf(b, sureLive), maybe: stateOf(b, maybeLive)}
 		s.allowed = stateBit(s.sure) | stateBit(s.maybe)
+		// Any of the maybe-live devices may be live or not: every mix.
+		var sure []*devCopy
+		var maybes []*devCopy
+		for _, dc := range u.devs {
+			switch {
+			case sureLive(dc, b):
+				sure = append(sure, dc)
+			case maybeLive(dc, b):
+				maybes = append(maybes, dc)
+			}
+		}
+		if len(maybes) > 1 && len(maybes) <= 6 {
+			for mask := 1; mask < 1<<len(maybes); mask++ {
+				set := slices.Clone(sure)
+				for i, dc := range maybes {
+					if mask&(1<<i) != 0 {
+						set = append(set, dc)
+					}
+				}
+				s.allowed |= stateBit(stateOfSet(set, b))
+			}
+		}
 		for _, st := range u.starts {
 			if !st.After(b) && b.Before(st.Add(time.Second)) {
 				s.allowed |= bOnline // a new connection starts online
