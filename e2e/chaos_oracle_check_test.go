@@ -41,13 +41,14 @@ func TestChaosOracle(t *testing.T) {
 		from, to   float64 // to 0: open
 	}
 	type hist struct {
-		second       []sess       // u01's second device
-		secondAway   bool         // idle from the start
-		frozen2      [][2]float64 // when the second one was frozen
-		members      []span       // replace the viewer's membership
-		viewerFrozen [][2]float64 // when the viewer was frozen
-		subject      []sess       // u01's device
-		frozen       [][2]float64 // and when it was frozen
+		wireAt       map[int]float64 // the "at" of wire entries, by index
+		second       []sess          // u01's second device
+		secondAway   bool            // idle from the start
+		frozen2      [][2]float64    // when the second one was frozen
+		members      []span          // replace the viewer's membership
+		viewerFrozen [][2]float64    // when the viewer was frozen
+		subject      []sess          // u01's device
+		frozen       [][2]float64    // and when it was frozen
 		changes      []change
 		wire         []wire
 		faults       []fault
@@ -118,6 +119,14 @@ func TestChaosOracle(t *testing.T) {
 			members:      []span{{"t0", "u00", -10, 5}},
 			viewerFrozen: [][2]float64{{4, 8}},
 			want:         map[string]int{"visibility": 0},
+		},
+		"published before a removal, held by a partition": {
+			subject: []sess{{0, 0, "b", ""}},
+			changes: []change{online(0.1)},
+			wire:    []wire{{0.1, true, "u01", "online", 1}, {8, false, "u01", "away", 2}},
+			wireAt:  map[int]float64{1: 4.5},
+			members: []span{{"t0", "u00", -10, 5}},
+			want:    map[string]int{"visibility": 0},
 		},
 		"sent after a removal": {
 			subject: []sess{{0, 0, "b", ""}},
@@ -197,8 +206,12 @@ func TestChaosOracle(t *testing.T) {
 			viewer := &device{w: w, id: 1, user: "u00", name: "d1"}
 			viewer.sessions = []*session{{start: at(-5), node: "a"}}
 			rc := &rawConn{node: "a", dialed: at(-5.1)}
-			for _, e := range h.wire {
-				rc.entries = append(rc.entries, wireEntry{recv: at(e.recv), snapshot: e.snapshot, user: e.user, state: e.state, version: e.version})
+			for i, e := range h.wire {
+				we := wireEntry{recv: at(e.recv), snapshot: e.snapshot, user: e.user, state: e.state, version: e.version}
+				if x, ok := h.wireAt[i]; ok {
+					we.at = at(x).UnixMilli()
+				}
+				rc.entries = append(rc.entries, we)
 			}
 			viewer.raws = []*rawConn{rc}
 			for _, f := range h.viewerFrozen {

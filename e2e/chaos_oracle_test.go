@@ -780,6 +780,13 @@ func (o *oracle) judgeFrames() {
 					}
 				}
 				afterFreeze := !sent.Equal(e.recv.Add(-time.Second))
+				// A change is not sent before it happened, but may be held
+				// on the way (a partition): it was in flight since then.
+				if e.at != 0 {
+					if at := time.UnixMilli(e.at).Add(-100 * time.Millisecond); at.Before(sent) {
+						sent = at
+					}
+				}
 				if !o.visibleDuring(v.user, e.user, sent, e.recv) {
 					o.violate("visibility", "%s on %s was sent %s=%s v%d at %s (snapshot %v) though they shared no team within 1s",
 						v, rc.node, e.user, e.state, e.version, o.at(e.recv), e.snapshot)
