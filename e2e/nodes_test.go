@@ -25,6 +25,7 @@ import (
 
 	"github.com/greendot/greendot/client"
 	"github.com/greendot/greendot/internal/testwait"
+	"github.com/greendot/greendot/store/redisstore/redistest"
 )
 
 var binary string
@@ -95,6 +96,7 @@ func startNode(t *testing.T, redisURL, name string, tm timing) *node {
 		"--node-id", name, "--ttl", tm.ttl.String(), "--heartbeat-interval", tm.heartbeat.String(),
 		"--offline-grace", tm.grace.String())
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	n.cmd.SysProcAttr = redistest.DieWithParent()
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

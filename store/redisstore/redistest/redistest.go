@@ -67,6 +67,7 @@ func (s *Server) start() error {
 	args := append([]string{"--port", strconv.Itoa(s.Port)}, s.args...)
 	cmd := exec.Command("redis-server", args...)
 	cmd.Dir = s.dir
+	cmd.SysProcAttr = DieWithParent()
 	logf, err := os.Create(filepath.Join(s.dir, fmt.Sprintf("redis-%d.log", time.Now().UnixNano())))
 	if err != nil {
 		return err
