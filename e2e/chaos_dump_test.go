@@ -28,7 +28,11 @@ func (o *oracle) dump(path string) error {
 	}
 	fmt.Fprintf(b, "chaos %s seed %d, faults from %s (+0) to %s, judged to %s\n\n", o.w.cfg.topology, o.w.cfg.seed,
 		o.from.Format("15:04:05.000"), at(o.w.end), at(o.to))
-	fmt.Fprintln(b, "faults:")
+	fmt.Fprintf(b, "violations (%d):\n", len(o.all))
+	for _, v := range o.all {
+		fmt.Fprintf(b, "  %s\n", v)
+	}
+	fmt.Fprintln(b, "\nfaults:")
 	for _, fw := range o.w.faults {
 		fmt.Fprintf(b, "  %s..%s %s node=%q redis=%v %s\n", at(fw.from), at(fw.to), fw.kind, fw.node, fw.redis, fw.detail)
 	}

@@ -208,7 +208,8 @@ type oracle struct {
 	fig        map[string]int
 	secs       map[string]time.Duration
 	lags       map[string][]time.Duration
-	violations map[string][]string
+	violations map[string][]string // the first few of each kind, for the report
+	all        []string            // every one, for the record
 }
 
 func newOracle(w *world, from, to time.Time) *oracle {
@@ -248,8 +249,12 @@ func newOracle(w *world, from, to time.Time) *oracle {
 
 func (o *oracle) violate(kind, format string, args ...any) {
 	o.fig[kind]++
+	msg := fmt.Sprintf(format, args...)
 	if len(o.violations[kind]) < 12 {
-		o.violations[kind] = append(o.violations[kind], fmt.Sprintf(format, args...))
+		o.violations[kind] = append(o.violations[kind], msg)
+	}
+	if len(o.all) < 10000 {
+		o.all = append(o.all, kind+": "+msg)
 	}
 }
 
