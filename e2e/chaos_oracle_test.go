@@ -346,7 +346,13 @@ func (o *oracle) buildTruth(u *userTruth) {
 			if to.IsZero() {
 				to = far
 			}
-			maybe = append(maybe, mIv{interval{from: a.from, to: to.Add(300 * time.Millisecond)}, dc})
+			to = to.Add(300 * time.Millisecond)
+			// A refused connect whose registration was held on the way to
+			// Redis may still be written when the fault is over.
+			if f := o.faultHolding(a.node, a.to); !a.ok && f != nil && !f.to.IsZero() && f.to.Add(time.Second).After(to) {
+				to = f.to.Add(time.Second)
+			}
+			maybe = append(maybe, mIv{interval{from: a.from, to: to}, dc})
 			u.starts = append(u.starts, a.from)
 		}
 		for _, st := range dc.statuses {
