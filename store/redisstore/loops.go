@@ -186,6 +186,7 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	// its data, or the node stalled and was taken for dead. Recover now.
 	if missing && s.beaten.Swap(true) && !leaving {
 		s.log.Warn("redis no longer knew this node: re-asserting live connections")
+		s.lostData.Store(true)
 		s.healthy.Store(false)
 	}
 }
@@ -199,6 +200,7 @@ func (s *Store) healthLoop() {
 	defer t.Stop()
 	var notBefore time.Time // a failed recovery backs off: it is heavy
 	backoff := time.Second
+	var resyncAt time.Time // a resync waits until then (zero: none waits)
 	for {
 		select {
 		case <-s.stop:
@@ -229,6 +231,23 @@ func (s *Store) healthLoop() {
 				s.healthy.Store(true)
 				s.m.up.Set(1)
 				backoff = time.Second
+				if s.lostData.Swap(false) {
+					// Redis lost its data (or took this node for dead): the
+					// other nodes write theirs back within the hold-off. A
+					// resync before then reads their users as gone and
+					// tells viewers so; it waits, and so do the resyncs
+					// asked for meanwhile.
+					resyncAt = time.Now().Add(s.cfg.HoldOff)
+				} else {
+					s.resync(ctx)
+				}
+			}
+		case !resyncAt.IsZero():
+			s.m.up.Set(1)
+			if !time.Now().Before(resyncAt) {
+				resyncAt = time.Time{}
+				s.needResync.Store(false)
+				s.resync(ctx)
 			}
 		default:
 			s.m.up.Set(1)
@@ -317,8 +336,7 @@ func (s *Store) recover(ctx context.Context) error {
 	} else {
 		s.log.Warn("subscriptions not confirmed after an outage", "err", err)
 	}
-	s.resync(ctx)
-	return nil
+	return nil // the health check resyncs the viewers
 }
 
 // reconcileCall is the reconcile script's call for shard sh: this node's

@@ -155,3 +155,62 @@ func TestDevicesEndedTogetherPublishNoStateBetween(t *testing.T) {
 		})
 	}
 }
+
+// After Redis lost its data, the first node to notice must not resync its
+// viewers before the others have written their connections back: it would
+// read their users as gone and tell its viewers they went offline (the
+// chaos test saw it after every FLUSHALL and empty restart).
+func TestResyncAfterDataLossWaitsForTheOtherNodes(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	// a notices the loss within a beat of 200 ms; b only within 1 s.
+	a, err := New(ctx, Config{URL: r.URL(), Node: "a", TTL: 10 * time.Second, Grace: time.Second,
+		NodeTTL: 600 * time.Millisecond, HoldOff: 2 * time.Second, Logger: logger()})
+	must(t, err)
+	t.Cleanup(func() { _ = a.Close() })
+	b, _ := mkWith(t, Config{URL: r.URL(), Node: "b", TTL: 10 * time.Second, Grace: time.Second,
+		NodeTTL: 3 * time.Second, HoldOff: 5 * time.Second})
+	seenAt := make(chan presence.State, 4)
+	a.Subscribe(resyncProbe{rec: &rec{}, probe: func() {
+		ps, err := a.States(ctx, []string{"bob"})
+		if err == nil {
+			seenAt <- ps[0].State
+		}
+	}})
+	must(t, a.Watch(ctx, []string{"t"}))
+	must(t, b.AddMember(ctx, "t", "bob"))
+	must(t, b.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	must(t, b.Heartbeat(ctx, "c1")) // b writes it back at its next batch after the loss
+	if _, err := r.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { // b's client keeps heartbeating, as a live one does
+		defer close(done)
+		for {
+			_ = b.Heartbeat(ctx, "c1")
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	select {
+	case s := <-seenAt:
+		if s != presence.Online {
+			t.Fatalf("a resynced while Redis still had bob %v: its viewers would be told bob went offline", s)
+		}
+	case <-time.After(8 * time.Second):
+		t.Fatal("a never resynced after the FLUSHALL")
+	}
+}
+
+// resyncProbe runs probe at each resync.
+type resyncProbe struct {
+	*rec
+	probe func()
+}
+
+func (p resyncProbe) OnResync(func(string) uint64) { p.probe() }
