@@ -41,6 +41,7 @@ func TestChaosOracle(t *testing.T) {
 		from, to   float64 // to 0: open
 	}
 	type hist struct {
+		statuses     [][2]any        // u01's device's status changes (time, state)
 		wireAt       map[int]float64 // the "at" of wire entries, by index
 		second       []sess          // u01's second device
 		secondAway   bool            // idle from the start
@@ -166,6 +167,12 @@ func TestChaosOracle(t *testing.T) {
 			changes:    []change{online(0.1), {10.1, 10.2, "u01", "away", "online", 2}},
 			want:       map[string]int{"spurious": 0},
 		},
+		"a killed node's connection lingers with its own status": {
+			subject:  []sess{{0, 5, "a", "node killed"}, {5.5, 6, "b", "closed"}},
+			statuses: [][2]any{{5.6, "away"}},
+			changes:  []change{online(0.1), {6.2, 6.2, "u01", "away", "online", 2}, {9, 9, "u01", "online", "away", 3}},
+			want:     map[string]int{"spurious": 0},
+		},
 		"released by the others while its node is cut off": {
 			subject: []sess{{0, 0, "b", ""}},
 			changes: []change{online(0.1), {7.6, 7.7, "u01", "offline", "online", 2}, {9.6, 9.7, "u01", "online", "offline", 3}},
@@ -232,6 +239,9 @@ func TestChaosOracle(t *testing.T) {
 				}
 				subject.sessions = append(subject.sessions, se)
 				subject.attempts = append(subject.attempts, &attempt{from: at(ss.from - 0.05), to: at(ss.from), node: ss.node, ok: true})
+			}
+			for _, st := range h.statuses {
+				subject.statuses = append(subject.statuses, statusChange{at: at(st[0].(float64)), state: st[1].(string)})
 			}
 			for _, f := range h.frozen {
 				subject.freezes = append(subject.freezes, interval{from: at(f[0]), to: at(f[1])})

@@ -89,7 +89,8 @@ type livePiece struct {
 	interval
 	dev  *devCopy
 	node string
-	kind string // how it ended: the session's end kind, or "frozen"
+	kind string    // how it ended: the session's end kind, or "frozen"
+	key  time.Time // its session's start
 }
 
 // devCopy is a device's record, copied once the run is over.
@@ -279,9 +280,13 @@ func (o *oracle) faultHolding(node string, t time.Time) *faultWindow {
 func (o *oracle) buildTruth(u *userTruth) {
 	far := o.to.Add(time.Hour)
 	var bounds []time.Time
+	// A maybe-live connection keeps the status it had when it ended: the
+	// device's later statuses go to its next connection.
 	type mIv struct {
 		interval
-		dev *devCopy
+		dev      *devCopy
+		key      time.Time // the session's start; zero for an attempt
+		statusAt time.Time // its status is the device's as of then (zero: now)
 	}
 	var maybe []mIv
 	for _, dc := range u.devs {
@@ -291,7 +296,7 @@ func (o *oracle) buildTruth(u *userTruth) {
 				end = far
 			}
 			// Surely live: the session minus its freezes.
-			pieces := []livePiece{{interval: interval{from: s.start, to: end}, dev: dc, node: s.node, kind: s.endKind}}
+			pieces := []livePiece{{interval: interval{from: s.start, to: end}, dev: dc, node: s.node, kind: s.endKind, key: s.start}}
 			for _, f := range dc.freezes {
 				fto := f.to
 				if fto.IsZero() {
@@ -335,7 +340,7 @@ func (o *oracle) buildTruth(u *userTruth) {
 					mend = lim
 				}
 			}
-			maybe = append(maybe, mIv{interval{from: s.start, to: mend}, dc})
+			maybe = append(maybe, mIv{interval: interval{from: s.start, to: mend}, dev: dc, key: s.start, statusAt: s.end})
 			u.starts = append(u.starts, s.start)
 		}
 		for _, a := range dc.attempts {
@@ -352,7 +357,7 @@ func (o *oracle) buildTruth(u *userTruth) {
 			if f := o.faultHolding(a.node, a.to); !a.ok && f != nil && !f.to.IsZero() && f.to.Add(time.Second).After(to) {
 				to = f.to.Add(time.Second)
 			}
-			maybe = append(maybe, mIv{interval{from: a.from, to: to}, dc})
+			maybe = append(maybe, mIv{interval: interval{from: a.from, to: to}, dev: dc})
 			u.starts = append(u.starts, a.from)
 		}
 		for _, st := range dc.statuses {
@@ -376,68 +381,54 @@ func (o *oracle) buildTruth(u *userTruth) {
 	}
 	slices.SortFunc(bounds, func(a, b time.Time) int { return a.Compare(b) })
 	bounds = slices.CompactFunc(bounds, func(a, b time.Time) bool { return a.Equal(b) })
-	stateOfSet := func(set []*devCopy, t time.Time) string {
+	type ent struct {
+		status string
+	}
+	stateOf := func(ents []ent) string {
 		st := "offline"
-		for _, dc := range set {
-			if dc.statusAt(t) == "online" {
+		for _, e := range ents {
+			if e.status == "online" {
 				return "online"
 			}
 			st = "away"
 		}
 		return st
-	}
-	stateOf := func(t time.Time, live func(*devCopy, time.Time) bool) string {
-		st := "offline"
-		for _, dc := range u.devs {
-			if !live(dc, t) {
-				continue
-			}
-			if dc.statusAt(t) == "online" {
-				return "online"
-			}
-			st = "away"
-		}
-		return st
-	}
-	sureLive := func(dc *devCopy, t time.Time) bool {
-		for _, p := range u.sure {
-			if p.dev == dc && p.contains(t) {
-				return true
-			}
-		}
-		return false
-	}
-	maybeLive := func(dc *devCopy, t time.Time) bool {
-		for _, m := range maybe {
-			if m.dev == dc && m.contains(t) {
-				return true
-			}
-		}
-		return false
 	}
 	for _, b := range bounds {
-		s := seg{from: b, sure: stateOf(b, sureLive), maybe: stateOf(b, maybeLive)}
-		s.allowed = stateBit(s.sure) | stateBit(s.maybe)
-		// Any of the maybe-live devices may be live or not: every mix.
-		var sure []*devCopy
-		var maybes []*devCopy
-		for _, dc := range u.devs {
-			switch {
-			case sureLive(dc, b):
-				sure = append(sure, dc)
-			case maybeLive(dc, b):
-				maybes = append(maybes, dc)
+		// The connections surely live at b, and those maybe live.
+		var sure, maybes []ent
+		covered := map[*devCopy]map[time.Time]bool{}
+		for _, p := range u.sure {
+			if p.contains(b) {
+				sure = append(sure, ent{p.dev.statusAt(b)})
+				if covered[p.dev] == nil {
+					covered[p.dev] = map[time.Time]bool{}
+				}
+				covered[p.dev][p.key] = true
 			}
 		}
-		if len(maybes) > 1 && len(maybes) <= 6 {
+		for _, m := range maybe {
+			if !m.contains(b) || (!m.key.IsZero() && covered[m.dev][m.key]) {
+				continue
+			}
+			at := b
+			if !m.statusAt.IsZero() && m.statusAt.Before(b) {
+				at = m.statusAt
+			}
+			maybes = append(maybes, ent{m.dev.statusAt(at)})
+		}
+		s := seg{from: b, sure: stateOf(sure), maybe: stateOf(append(slices.Clone(sure), maybes...))}
+		s.allowed = stateBit(s.sure) | stateBit(s.maybe)
+		// Any of the maybe-live connections may be live or not: every mix.
+		if len(maybes) > 1 && len(maybes) <= 8 {
 			for mask := 1; mask < 1<<len(maybes); mask++ {
 				set := slices.Clone(sure)
-				for i, dc := range maybes {
+				for i, e := range maybes {
 					if mask&(1<<i) != 0 {
-						set = append(set, dc)
+						set = append(set, e)
 					}
 				}
-				s.allowed |= stateBit(stateOfSet(set, b))
+				s.allowed |= stateBit(stateOf(set))
 			}
 		}
 		for _, st := range u.starts {
