@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/client"
+	"github.com/greendot/greendot/store/redisstore/redistest"
 )
 
 // The chaos world: greendot processes that can be killed, drained and
@@ -52,6 +53,7 @@ func (n *chaosNode) start() error {
 		"--node-id", n.name, "--ttl", n.tm.ttl.String(), "--heartbeat-interval", n.tm.heartbeat.String(),
 		"--offline-grace", n.tm.grace.String())
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = redistest.DieWithParent()
 	if err := cmd.Start(); err != nil {
 		n.mu.Unlock()
 		logf.Close()
