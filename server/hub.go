@@ -305,7 +305,13 @@ func (h *hub) drainAll(spread time.Duration) {
 	h.mu.RUnlock()
 	for _, c := range all {
 		after := time.Duration(rand.Int64N(int64(spread) + 1))
-		c.writeJSON(protocol.Reconnect{Type: protocol.TypeReconnect, AfterMS: after.Milliseconds()})
+		c.mu.Lock()
+		// A connection still registering has had no welcome, which must
+		// come first: it only gets the close, and its client retries.
+		if c.welcomed {
+			c.writeJSONLocked(protocol.Reconnect{Type: protocol.TypeReconnect, AfterMS: after.Milliseconds()})
+		}
+		c.mu.Unlock()
 		c.closeWith(protocol.CloseServiceRestart, "service restart")
 	}
 }

@@ -42,13 +42,14 @@ type client struct {
 	limited   int // frames refused in a row by the rate limit
 	badStreak int
 
-	mu      sync.Mutex
-	ready   bool                       // snapshot sent: changes may be written
-	queued  bool                       // on the hub's dirty list
-	pending map[string]protocol.Change // by subject; nil when empty
-	order   []string                   // subjects in arrival order
-	bulk    int                        // pending entries queued by bulk pushes: exempt from MaxPending
-	expiry  *time.Timer                // token expiry; nil without exp
+	mu       sync.Mutex
+	welcomed bool                       // welcome sent: a reconnect frame may follow
+	ready    bool                       // snapshot sent: changes may be written
+	queued   bool                       // on the hub's dirty list
+	pending  map[string]protocol.Change // by subject; nil when empty
+	order    []string                   // subjects in arrival order
+	bulk     int                        // pending entries queued by bulk pushes: exempt from MaxPending
+	expiry   *time.Timer                // token expiry; nil without exp
 }
 
 // allow applies the token-bucket rate limit to one frame.

@@ -155,7 +155,8 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		_ = s.store.Disconnect(ctx, c.id, presence.Closed)
 		return
 	}
-	c.writeJSON(protocol.Welcome{
+	c.mu.Lock()
+	c.writeJSONLocked(protocol.Welcome{
 		Type:                protocol.TypeWelcome,
 		ConnectionID:        c.id,
 		UserID:              c.user,
@@ -163,6 +164,8 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		TTLMS:               s.cfg.TTL.Milliseconds(),
 		OfflineGraceMS:      s.cfg.Grace.Milliseconds(),
 	})
+	c.welcomed = true
+	c.mu.Unlock()
 	snap, members, err := s.snapshot(ctx, c.user, teams)
 	if err != nil {
 		s.log.Error("snapshot", "err", err)
