@@ -105,7 +105,7 @@ func TestChaosOracle(t *testing.T) {
 			subject: []sess{{0, 0, "b", ""}},
 			changes: []change{online(0.1)},
 			wire:    []wire{{0.1, true, "u01", "online", 5}, {13, false, "u01", "online", 5}},
-			want:    map[string]int{"doubled": 1},
+			want:    map[string]int{"resent": 1},
 		},
 		"a user who shares no team": {
 			subject: []sess{{0, 0, "b", ""}},

@@ -802,7 +802,7 @@ func (o *oracle) judgeFrames() {
 					if afterFreeze || o.recovering(rc.node, v.user, e.user, e.recv) {
 						o.fig["resent in a recovery"]++
 					} else {
-						o.violate("doubled", "%s on %s got %s=%s v%d twice on one connection (again at %s)",
+						o.violate("resent", "%s on %s got %s=%s v%d twice on one connection (again at %s)",
 							v, rc.node, e.user, e.state, e.version, o.at(e.recv))
 					}
 				case !seen && e.snapshot && lastDev[e.user] > e.version:
