@@ -542,6 +542,8 @@ func (m *model) waitFor(d time.Duration) {
 func (m *model) connect(t *rapid.T) {
 	user := rapid.SampledFrom(modelUsers).Draw(t, "user")
 	if len(m.live(anyNode, user)) >= modelMaxConns {
+		// rapid's Skip: this action does not apply in this state, and rapid
+		// draws another; no test is skipped.
 		t.Skip("user has enough connections")
 	}
 	device := rapid.SampledFrom([]string{"web", "ios"}).Draw(t, "device")

@@ -99,7 +99,7 @@ type Store struct {
 	// lostData: this node found itself missing from Redis (Redis lost its
 	// data, or took the node for dead); the resync after recovery waits
 	// for the other nodes to write theirs back.
-	lostData atomic.Bool
+	lostData   atomic.Bool
 	forgetNext atomic.Int64  // UnixNano before which Sweep does not forget (pacing only)
 	stop       chan struct{} // closed by Close; never sent on
 	wg         sync.WaitGroup
