@@ -49,6 +49,11 @@ type client struct {
 	pending  map[string]protocol.Change // by subject; nil when empty
 	order    []string                   // subjects in arrival order
 	bulk     int                        // pending entries queued by bulk pushes: exempt from MaxPending
+	// Subjects this connection could see and no longer can, since a team
+	// removal: its client may still hold their old state, so a re-join must
+	// tell it even an offline. Past maxHidden, hiddenAll stands for them all.
+	hidden    map[string]struct{}
+	hiddenAll bool
 	expiry   *time.Timer                // token expiry; nil without exp
 }
 
@@ -103,6 +108,7 @@ func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 		}
 	}
 	c.pending[ch.UserID] = ch
+	delete(c.hidden, ch.UserID)
 	pending := len(c.pending)
 	slow := !bulk && pending > c.srv.cfg.MaxPending+c.bulk
 	schedule := c.ready && !c.queued && !slow
@@ -121,10 +127,48 @@ func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 	}
 }
 
-// drop removes a pending change of subject, as after a team removal.
-func (c *client) drop(subject string) {
+// maxHidden bounds a connection's hidden set; beyond it, a re-join sends
+// offlines the client may already hold (harmless) rather than miss one.
+const maxHidden = 4096
+
+// hide is for a subject this connection can no longer see, after a team
+// removal: it drops the subject's pending change, and remembers that the
+// client may hold a state of theirs that nothing will update.
+func (c *client) hide(subject string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.hiddenAll {
+		if len(c.hidden) >= maxHidden {
+			c.hidden, c.hiddenAll = nil, true
+		} else {
+			if c.hidden == nil {
+				c.hidden = make(map[string]struct{})
+			}
+			c.hidden[subject] = struct{}{}
+		}
+	}
+	c.dropLocked(subject)
+}
+
+// unhide is for a subject visible again: it reports whether the client may
+// hold a stale state of theirs, which an offline must then correct.
+func (c *client) unhide(subject string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hiddenAll {
+		return true
+	}
+	if _, ok := c.hidden[subject]; !ok {
+		return false
+	}
+	delete(c.hidden, subject)
+	if len(c.hidden) == 0 {
+		c.hidden = nil
+	}
+	return true
+}
+
+func (c *client) dropLocked(subject string) {
 	if _, ok := c.pending[subject]; !ok {
 		return
 	}

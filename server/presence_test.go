@@ -218,6 +218,44 @@ func TestMembershipAppliesLive(t *testing.T) {
 	bob.expectQuiet(10 * time.Millisecond)
 }
 
+// A viewer that stopped sharing a team with a subject keeps the subject's
+// last state it was sent; when they share a team again, it must hear the
+// subject's offline too, or it shows a ghost. Both ways: the subject leaves
+// and comes back, or the viewer does.
+func TestRejoinCorrectsAStaleState(t *testing.T) {
+	for _, who := range []string{"subject", "viewer"} {
+		t.Run(who+" re-joins", func(t *testing.T) {
+			ts := startServer(t)
+			ts.join("t1", "alice", "bob")
+			ts.join("t2", "carol")
+			alice := ts.dial(t, "alice")
+			bob := ts.dial(t, "bob")
+			alice.expectChanges(time.Second, "bob=online")
+
+			mover := map[string]string{"subject": "bob", "viewer": "alice"}[who]
+			ts.leave("t1", mover)
+			bob.close()
+			checkFor(t, 2*time.Second, func() error {
+				if st := ts.presenceOf("bob")["state"]; st != "offline" {
+					return errorf("bob is %v", st)
+				}
+				return nil
+			})
+			alice.expectQuiet(100 * time.Millisecond)
+
+			ts.join("t1", mover)
+			alice.expectChanges(time.Second, "bob=offline")
+
+			// carol never saw bob: her join tells her nothing.
+			carol := ts.dial(t, "carol")
+			ts.join("t1", "carol")
+			alice.expectChanges(time.Second, "carol=online")
+			carol.expectChanges(time.Second, "alice=online")
+			carol.expectQuiet(300 * time.Millisecond)
+		})
+	}
+}
+
 func TestQueryOverWebSocket(t *testing.T) {
 	ts := startServer(t)
 	ts.join("t1", "alice", "bob")

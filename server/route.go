@@ -104,11 +104,11 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		}
 		for _, c := range lu.conns {
 			if ev.Joined {
-				if ev.State != presence.Offline {
+				if stale := c.unhide(ev.UserID); stale || ev.State != presence.Offline {
 					c.push(protocol.Change{UserID: ev.UserID, State: ev.State.String(), Version: ev.Version, At: h.srv.cfg.Now().UnixMilli()}, true)
 				}
 			} else {
-				c.drop(ev.UserID)
+				c.hide(ev.UserID)
 			}
 		}
 	}
@@ -175,12 +175,12 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 	for _, c := range lu.conns {
 		if !ev.Joined {
 			for _, m := range fresh {
-				c.drop(m)
+				c.hide(m)
 			}
 			continue
 		}
 		for _, p := range ps {
-			if p.State != presence.Offline {
+			if stale := c.unhide(p.UserID); stale || p.State != presence.Offline {
 				c.push(protocol.Change{UserID: p.UserID, State: p.State.String(), Version: p.Version, At: now}, true)
 			}
 		}
