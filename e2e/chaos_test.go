@@ -760,20 +760,28 @@ func (w *world) report(o *oracle, settleTook time.Duration, settled bool) {
 	// (comma-separated): CI tolerates those of a finding still open
 	// (docs/reliability.md).
 	tolerate := strings.Split(os.Getenv("GREENDOT_CHAOS_TOLERATE"), ",")
+	var failing []string
 	for _, k := range kinds {
-		if slices.Contains(tolerate, k) {
-			t.Logf("seed %d %s: %d %s (tolerated: an open finding):\n  %s", cfg.seed, cfg.topology, o.fig[k], k, strings.Join(o.violations[k], "\n  "))
-			continue
+		if !slices.Contains(tolerate, k) {
+			failing = append(failing, k)
 		}
-		t.Errorf("seed %d %s: %d %s:\n  %s", cfg.seed, cfg.topology, o.fig[k], k, strings.Join(o.violations[k], "\n  "))
 	}
-	if t.Failed() {
+	// The nodes' logs first, the violations last: CI shows the end of the
+	// output.
+	if len(failing) > 0 || t.Failed() {
 		if len(notes) > 0 {
 			t.Logf("harness notes:\n  %s", strings.Join(notes, "\n  "))
 		}
 		for _, n := range w.nodes {
 			t.Logf("warnings and errors of node %s (%s):\n%s", n.name, n.logPath, warnLines(n.logPath, 40))
 		}
+	}
+	for _, k := range kinds {
+		if slices.Contains(tolerate, k) {
+			t.Logf("seed %d %s: %d %s (tolerated: an open finding):\n  %s", cfg.seed, cfg.topology, o.fig[k], k, strings.Join(o.violations[k], "\n  "))
+			continue
+		}
+		t.Errorf("seed %d %s: %d %s:\n  %s", cfg.seed, cfg.topology, o.fig[k], k, strings.Join(o.violations[k], "\n  "))
 	}
 }
 
