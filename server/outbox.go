@@ -54,7 +54,7 @@ type client struct {
 	// tell it even an offline. Past maxHidden, hiddenAll stands for them all.
 	hidden    map[string]struct{}
 	hiddenAll bool
-	expiry   *time.Timer                // token expiry; nil without exp
+	expiry    *time.Timer // token expiry; nil without exp
 }
 
 // allow applies the token-bucket rate limit to one frame.
