@@ -3,7 +3,6 @@ package server
 import (
 	"encoding/json"
 	"errors"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -185,42 +184,46 @@ func (c *client) dropLocked(subject string) {
 	}
 }
 
-// sendSnapshot writes the snapshot, then lets queued changes through,
-// minus those the snapshot already covers.
+// sendSnapshot writes the snapshot, with the changes queued while it was
+// read folded in: a snapshot is a whole map that a client puts in place of
+// its own, so a subject it left out but a queued change then brought (such
+// as a team joined during the connect) would flicker offline in between.
 func (c *client) sendSnapshot(users []presence.Presence) {
-	frame := protocol.Snapshot{Type: protocol.TypeSnapshot, Users: []protocol.UserState{}}
 	c.mu.Lock()
-	for _, p := range users {
-		if q, ok := c.pending[p.UserID]; ok && q.Version <= p.Version {
-			delete(c.pending, p.UserID)
-		}
-		if p.State != presence.Offline {
-			frame.Users = append(frame.Users, protocol.UserState{UserID: p.UserID, State: p.State.String(), Version: p.Version})
-		}
-	}
-	if len(c.pending) == 0 {
-		// Changes that raced the snapshot can fill a map of a whole team;
-		// an empty one still holds its buckets.
-		c.pending, c.order, c.bulk = nil, nil, 0
-	} else {
-		// Forget the covered subjects' places too: a later push of one
-		// would otherwise be listed, and written, twice.
-		c.order = slices.DeleteFunc(c.order, func(s string) bool {
-			_, ok := c.pending[s]
-			return !ok
-		})
-	}
+	frame := foldSnapshot(users, c.pending, c.order)
+	// Changes that raced the snapshot can fill a map of a whole team; an
+	// empty one still holds its buckets.
+	c.pending, c.order, c.bulk = nil, nil, 0
 	// Written under mu so no flush can overtake it.
 	c.writeJSONLocked(frame)
 	c.ready = true
-	schedule := len(c.pending) > 0 && !c.queued
-	if schedule {
-		c.queued = true
-	}
 	c.mu.Unlock()
-	if schedule {
-		c.srv.hub.flush.markDirty(c, true)
+}
+
+// foldSnapshot is the snapshot frame of users as read, updated by the
+// pending changes (newer versions win; subjects only they name are added, in
+// their order). Offline users are left out.
+func foldSnapshot(users []presence.Presence, pending map[string]protocol.Change, order []string) protocol.Snapshot {
+	frame := protocol.Snapshot{Type: protocol.TypeSnapshot, Users: []protocol.UserState{}}
+	folded := make(map[string]struct{}, len(users))
+	for _, p := range users {
+		st := protocol.UserState{UserID: p.UserID, State: p.State.String(), Version: p.Version}
+		if q, ok := pending[p.UserID]; ok && q.Version > p.Version {
+			st.State, st.Version = q.State, q.Version
+		}
+		folded[p.UserID] = struct{}{}
+		if st.State != protocol.StateOffline {
+			frame.Users = append(frame.Users, st)
+		}
 	}
+	for _, s := range order {
+		q, ok := pending[s]
+		if _, done := folded[s]; done || !ok || q.State == protocol.StateOffline {
+			continue
+		}
+		frame.Users = append(frame.Users, protocol.UserState{UserID: q.UserID, State: q.State, Version: q.Version})
+	}
+	return frame
 }
 
 // flush writes every pending change as one presence frame. enc caches the
