@@ -1,7 +1,8 @@
 // Package loadgen is greendot's load generator: it drives running greendot
 // nodes through the public protocol only (WebSocket clients built on the Go
 // client, the HTTP API for team membership, /metrics for the server's own
-// RSS, heap and CPU) and measures what issue 4 asks of them.
+// RSS, heap and CPU) and measures the nodes against greendot's performance goals
+// (docs/benchmarks.md).
 //
 // A run is one scenario (idle, heartbeat, fanout, churn, expiry, storm). A
 // driver runs the scenario's steps, scrapes the servers' metrics between
@@ -94,7 +95,7 @@ type Options struct {
 	pipeWorkers bool
 }
 
-// Scenarios lists the scenario names, in the order of issue 4.
+// Scenarios lists the scenario names, in the order docs/benchmarks.md gives them.
 func Scenarios() []string { return []string{"idle", "heartbeat", "fanout", "churn", "expiry", "storm"} }
 
 // withDefaults fills in defaults and checks o for scenario.

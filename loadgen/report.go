@@ -17,7 +17,7 @@ type Figure struct {
 	Label string  // for the table
 	Value float64 // NaN when it could not be measured
 	Unit  string  // for the table: "ms", "KiB", "/s", "µs", "" …
-	Goal  string  // the target, e.g. "≤ 20 ms"; "" when none
+	Goal  string  // the performance goal, e.g. "≤ 20 ms"; "" when none
 	Met   *bool   // whether the goal holds; nil when there is none
 }
 

@@ -20,7 +20,7 @@ import (
 const benchUsage = `usage: greendot bench <scenario> [flags]
 
 Drives running greendot nodes through the public protocol and prints a
-table, then one JSON object, of what it measured. Scenarios (issue 4):
+table, then one JSON object, of what it measured. Scenarios:
 
   idle       N users connected, heartbeating as advertised: connect rate,
              server RSS per connection, CPU per connection-minute
