@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -134,6 +135,10 @@ type wsClient struct {
 	cancel  context.CancelFunc
 	welcome frame
 	snap    frame
+	// Server pings seen, and whether to answer them. Off by default, so a
+	// client that stops heartbeating is silent, as a hung client is.
+	pings       atomic.Int64
+	answerPings atomic.Bool
 }
 
 // dialRaw connects without reading welcome and snapshot.
@@ -142,13 +147,19 @@ func (ts *testServer) dialRaw(t *testing.T, query string) (*wsClient, *http.Resp
 	ctx, cancel := context.WithCancel(context.Background())
 	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
 	defer dcancel()
-	conn, resp, err := websocket.Dial(dctx, "ws://"+ts.addr+"/v1/connect?"+query, nil)
+	c := &wsClient{t: t, name: query, frames: make(chan frame, 1024), done: make(chan struct{}), cancel: cancel}
+	conn, resp, err := websocket.Dial(dctx, "ws://"+ts.addr+"/v1/connect?"+query, &websocket.DialOptions{
+		OnPingReceived: func(context.Context, []byte) bool {
+			c.pings.Add(1)
+			return c.answerPings.Load()
+		},
+	})
 	if err != nil {
 		cancel()
 		return nil, resp, err
 	}
 	conn.SetReadLimit(1 << 20)
-	c := &wsClient{t: t, name: query, conn: conn, frames: make(chan frame, 1024), done: make(chan struct{}), cancel: cancel}
+	c.conn = conn
 	go c.readLoop(ctx)
 	t.Cleanup(c.close)
 	return c, resp, nil

@@ -41,6 +41,7 @@ type Config struct {
 	NodeID            string        // this node's name; random when empty
 	TTL               time.Duration // 25s
 	HeartbeatInterval time.Duration // 10s
+	PingInterval      time.Duration // silence before a WebSocket ping (ping.go); the heartbeat interval, <0 none
 	Grace             time.Duration // 5s; only reported, the store applies it
 	JWTSecret         string        // empty: dev mode
 	APIKey            string        // empty: the HTTP API is open
@@ -113,6 +114,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.TTL <= cfg.HeartbeatInterval {
 		return nil, fmt.Errorf("server: ttl (%v) must exceed the heartbeat interval (%v)", cfg.TTL, cfg.HeartbeatInterval)
+	}
+	setDefault(&cfg.PingInterval, cfg.HeartbeatInterval)
+	if cfg.PingInterval >= cfg.TTL {
+		return nil, fmt.Errorf("server: ping interval (%v) must be below the ttl (%v)", cfg.PingInterval, cfg.TTL)
 	}
 	if cfg.MaxMessageSize == 0 {
 		cfg.MaxMessageSize = 4096

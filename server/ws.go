@@ -148,6 +148,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.registered.Store(true)
+	c.startPings()
 	if c.closed.Load() {
 		// Closed while registering: onClose may have run before registered
 		// was set, or even before hub.add, whose entry it then missed.
