@@ -268,14 +268,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// a load balancer sees the node leave before its port closes.
 		s.draining.Store(true)
 		drainStart := time.Now()
+		idle := s.hub.count() == 0
 		s.hub.drainAll(s.cfg.DrainSpread)
 		// Give closes a moment to be handled, so their users enter grace.
 		waitUntil(ctx, 2*time.Second, func() bool { return s.hub.count() == 0 })
 		// Keep answering 503 while clients come back (they wait up to
-		// DrainSpread), so health checks see this node leave.
-		select {
-		case <-ctx.Done():
-		case <-time.After(s.cfg.DrainSpread - time.Since(drainStart)):
+		// DrainSpread), so health checks see this node leave. A node that
+		// had no client has nobody coming back: it stops at once.
+		if !idle {
+			select {
+			case <-ctx.Done():
+			case <-time.After(s.cfg.DrainSpread - time.Since(drainStart)):
+			}
 		}
 		if s.ln != nil {
 			_ = s.ln.Close()

@@ -2,6 +2,7 @@
 //
 //	greendot serve [flags]              run a node
 //	greendot token --secret S --user U  print a signed client token
+//	greendot bench <scenario> [flags]   drive a running server and measure it
 package main
 
 import (
@@ -17,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/greendot/greendot"
 	"github.com/greendot/greendot/server"
@@ -41,7 +44,7 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "serve":
-		err = serve(os.Args[2:], os.Stderr)
+		err = serve(context.Background(), os.Args[2:], os.Stderr)
 	case "token":
 		err = token(os.Args[2:], os.Stdout)
 	case "bench":
@@ -84,10 +87,10 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs.StringVar(&o.storeKind, "store", "memory", "memory (embedded, one node) or redis")
 	fs.StringVar(&o.redisURL, "redis-url", "", "redis://[user:pass@]host:port[/db]")
 	fs.StringVar(&o.nodeID, "node-id", "", "this node's name among many (default hostname + random)")
-	fs.DurationVar(&o.ttl, "ttl", 25*time.Second, "a connection that sends nothing for this long is dead")
-	fs.DurationVar(&o.heartbeatInterval, "heartbeat-interval", 10*time.Second, "how often clients are told to heartbeat")
-	fs.DurationVar(&o.grace, "offline-grace", 5*time.Second, "how long a user with no connection left stays online")
-	fs.DurationVar(&o.forgetAfter, "forget-after", 720*time.Hour, "drop the presence of a user offline this long (answered as never seen; teams kept); 0 = never")
+	durationVar(fs, &o.ttl, "ttl", 25*time.Second, "a connection that sends nothing for this `duration` is dead")
+	durationVar(fs, &o.heartbeatInterval, "heartbeat-interval", 10*time.Second, "the `duration` clients are told to leave between heartbeats")
+	durationVar(fs, &o.grace, "offline-grace", 5*time.Second, "the `duration` a user with no connection left stays online")
+	durationVar(fs, &o.forgetAfter, "forget-after", 720*time.Hour, "drop the presence of a user offline for this `duration` (answered as never seen; teams kept); 0 = never")
 	fs.StringVar(&o.jwtSecret, "jwt-secret", "", "HS256 secret for client tokens; unset = dev mode")
 	fs.StringVar(&o.apiKey, "api-key", "", "bearer key required on the HTTP API (all /v1 routes but /v1/connect)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -150,7 +153,8 @@ func (o *serveOptions) validate() error {
 	return nil
 }
 
-func serve(args []string, stderr io.Writer) error {
+// serve runs a node until SIGTERM, SIGINT or the end of ctx, then drains it.
+func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	var o serveOptions
 	fs := serveFlags(&o)
 	fs.SetOutput(stderr)
@@ -179,7 +183,8 @@ func serve(args []string, stderr io.Writer) error {
 	var st store.Store
 	switch o.storeKind {
 	case "redis":
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		redis.SetLogger(redisLog{log})
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		rs, err := redisstore.New(ctx, redisstore.Config{URL: o.redisURL, Node: o.nodeID, TTL: o.ttl, Grace: o.grace,
 			ForgetAfter: o.forgetAfter, Logger: log})
 		cancel()
@@ -237,7 +242,7 @@ func serve(args []string, stderr io.Writer) error {
 		log.Warn("no --api-key set: the HTTP API (/v1/users, /v1/teams, /v1/presence) is open to anyone who can reach it")
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	<-ctx.Done()
 	stop()
@@ -249,4 +254,13 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// redisLog sends go-redis's own log lines (its dial retries, for one) to
+// the debug level: at any other level they would come before, and say less
+// than, greendot's own one-line error about the same failure.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -64,7 +65,7 @@ func TestNonsenseRefusesToStart(t *testing.T) {
 		{"stray"},
 	} {
 		var out bytes.Buffer
-		err := serve(args, &out)
+		err := serve(context.Background(), args, &out)
 		if err == nil {
 			t.Errorf("%v started", args)
 			continue

@@ -20,7 +20,8 @@ func token(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("token", flag.ContinueOnError)
 	secret := fs.String("secret", "", "HS256 secret (the server's --jwt-secret); or GREENDOT_JWT_SECRET")
 	user := fs.String("user", "", "user id, the token's sub claim")
-	ttl := fs.Duration("ttl", time.Hour, "how long the token is valid; 0 for no exp claim")
+	var ttl time.Duration
+	durationVar(fs, &ttl, "ttl", time.Hour, "the `duration` the token is valid for; 0 for no exp claim")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -35,8 +36,8 @@ func token(args []string, stdout io.Writer) error {
 	}
 	now := time.Now()
 	claims := jwt.RegisteredClaims{Subject: *user, IssuedAt: jwt.NewNumericDate(now)}
-	if *ttl > 0 {
-		claims.ExpiresAt = jwt.NewNumericDate(now.Add(*ttl))
+	if ttl > 0 {
+		claims.ExpiresAt = jwt.NewNumericDate(now.Add(ttl))
 	}
 	signed, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString([]byte(*secret))
 	if err != nil {
