@@ -48,6 +48,7 @@ func TestChaosOracle(t *testing.T) {
 		frozen2      [][2]float64    // when the second one was frozen
 		members      []span          // replace the viewer's membership
 		viewerFrozen [][2]float64    // when the viewer was frozen
+		dialed       float64         // when the viewer dialed its connection; 0: -5.1
 		subject      []sess          // u01's device
 		frozen       [][2]float64    // and when it was frozen
 		changes      []change
@@ -173,6 +174,20 @@ func TestChaosOracle(t *testing.T) {
 			changes:  []change{online(0.1), {6.2, 6.2, "u01", "away", "online", 2}, {9, 9, "u01", "online", "away", 3}},
 			want:     map[string]int{"spurious": 0},
 		},
+		"a snapshot read while the viewer's join was in flight leaves the subject out": {
+			subject: []sess{{0, 0, "b", ""}},
+			members: []span{{"t0", "u00", 6, 0}},
+			dialed:  5.5,
+			changes: []change{{0, 7.5, "u01", "offline", "online", 1}, {7.6, 7.6, "u01", "online", "offline", 2}},
+			want:    map[string]int{"false offline": 0},
+		},
+		"a snapshot read after the viewer's join leaves the subject out": {
+			subject: []sess{{0, 0, "b", ""}},
+			members: []span{{"t0", "u00", 5, 0}},
+			dialed:  5.5,
+			changes: []change{{0, 7.5, "u01", "offline", "online", 1}, {7.6, 7.6, "u01", "online", "offline", 2}},
+			want:    map[string]int{"false offline": 1},
+		},
 		"released by the others while its node is cut off": {
 			subject: []sess{{0, 0, "b", ""}},
 			changes: []change{online(0.1), {7.6, 7.7, "u01", "offline", "online", 2}, {9.6, 9.7, "u01", "online", "offline", 3}},
@@ -213,6 +228,9 @@ func TestChaosOracle(t *testing.T) {
 			viewer := &device{w: w, id: 1, user: "u00", name: "d1"}
 			viewer.sessions = []*session{{start: at(-5), node: "a"}}
 			rc := &rawConn{node: "a", dialed: at(-5.1)}
+			if h.dialed != 0 {
+				rc.dialed = at(h.dialed)
+			}
 			for i, e := range h.wire {
 				we := wireEntry{recv: at(e.recv), snapshot: e.snapshot, user: e.user, state: e.state, version: e.version}
 				if x, ok := h.wireAt[i]; ok {

@@ -664,7 +664,12 @@ func (o *oracle) judgeChanges() {
 				continue
 			}
 			o.fig["changes observed"]++
-			if since := o.visibleSince(v.user, ch.UserID, ch.Received); since.IsZero() || since.After(ch.Received.Add(-time.Second)) {
+			since := o.visibleSince(v.user, ch.UserID, ch.Received)
+			// An offline inferred from a snapshot that leaves the subject
+			// out is out of sight too if the snapshot may have been read
+			// before the membership surely held (a join in flight).
+			inferred := ch.FromSnapshot && ch.State == "offline" && since.After(o.dialed(v, ch.Received))
+			if since.IsZero() || since.After(ch.Received.Add(-time.Second)) || inferred {
 				// Out of sight: a snapshot of a viewer who left the subject's
 				// teams drops them (what was sent is judged by judgeFrames).
 				o.fig["changes out of sight"]++
@@ -686,6 +691,17 @@ func (o *oracle) judgeChanges() {
 	}
 }
 
+// dialed is when v dialed the connection it held at t.
+func (o *oracle) dialed(v *devCopy, t time.Time) time.Time {
+	var dialed time.Time
+	for _, rc := range v.raws {
+		if !rc.dialed.After(t) && rc.dialed.After(dialed) {
+			dialed = rc.dialed
+		}
+	}
+	return dialed
+}
+
 func (o *oracle) judgeOffline(v *devCopy, node string, u *userTruth, ch client.Change, a time.Time) {
 	g := o.tm.grace
 	false_ := false
@@ -693,14 +709,8 @@ func (o *oracle) judgeOffline(v *devCopy, node string, u *userTruth, ch client.C
 	if ch.FromSnapshot {
 		// Inferred from a (re)connect snapshot that no longer lists the
 		// user: false if the user was online throughout the connect.
-		var dialed time.Time
-		for _, rc := range v.raws {
-			if !rc.dialed.After(ch.Received) && rc.dialed.After(dialed) {
-				dialed = rc.dialed
-			}
-		}
 		false_ = true
-		for t := dialed; !t.After(ch.Received); t = t.Add(gridStep) {
+		for t := o.dialed(v, ch.Received); !t.After(ch.Received); t = t.Add(gridStep) {
 			if ok, p := u.mustOnline(t, g, nil); !ok {
 				false_ = false
 				break
