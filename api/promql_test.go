@@ -14,7 +14,7 @@ type selector struct {
 	matchers string
 }
 
-type token struct {
+type promToken struct {
 	kind string // "ident", "(", ")", "{…}", "op"
 	text string
 }
@@ -36,7 +36,7 @@ func selectors(expr string) ([]selector, error) {
 		if tk.kind != "ident" {
 			continue
 		}
-		next := token{}
+		next := promToken{}
 		if i+1 < len(toks) {
 			next = toks[i+1]
 		}
@@ -74,8 +74,8 @@ func selectors(expr string) ([]selector, error) {
 	return out, nil
 }
 
-func lex(expr string) ([]token, error) {
-	var toks []token
+func lex(expr string) ([]promToken, error) {
+	var toks []promToken
 	depth := 0
 	for i := 0; i < len(expr); {
 		c := expr[i]
@@ -91,7 +91,7 @@ func lex(expr string) ([]token, error) {
 			if err != nil {
 				return nil, err
 			}
-			toks = append(toks, token{"op", expr[i:end]})
+			toks = append(toks, promToken{"op", expr[i:end]})
 			i = end
 		case c == '{' || c == '[':
 			closer := map[byte]byte{'{': '}', '[': ']'}[c]
@@ -111,22 +111,22 @@ func lex(expr string) ([]token, error) {
 				return nil, fmt.Errorf("unclosed %q at byte %d", c, i)
 			}
 			if c == '{' {
-				toks = append(toks, token{"{…}", expr[i+1 : j]})
+				toks = append(toks, promToken{"{…}", expr[i+1 : j]})
 			} else {
-				toks = append(toks, token{"op", expr[i : j+1]})
+				toks = append(toks, promToken{"op", expr[i : j+1]})
 			}
 			i = j + 1
 		case c == '}' || c == ']':
 			return nil, fmt.Errorf("unexpected %q at byte %d", c, i)
 		case c == '(':
 			depth++
-			toks = append(toks, token{"(", "("})
+			toks = append(toks, promToken{"(", "("})
 			i++
 		case c == ')':
 			if depth--; depth < 0 {
 				return nil, fmt.Errorf("unbalanced ')' at byte %d", i)
 			}
-			toks = append(toks, token{")", ")"})
+			toks = append(toks, promToken{")", ")"})
 			i++
 		case c == '$':
 			// A Grafana variable: $name or ${name}.
@@ -141,24 +141,24 @@ func lex(expr string) ([]token, error) {
 					j++
 				}
 			}
-			toks = append(toks, token{"op", expr[i:j]})
+			toks = append(toks, promToken{"op", expr[i:j]})
 			i = j
 		case isIdentByte(c, true):
 			j := i
 			for j < len(expr) && isIdentByte(expr[j], false) {
 				j++
 			}
-			toks = append(toks, token{"ident", expr[i:j]})
+			toks = append(toks, promToken{"ident", expr[i:j]})
 			i = j
 		case c >= '0' && c <= '9' || c == '.':
 			j := i
 			for j < len(expr) && (isIdentByte(expr[j], false) || expr[j] == '.') {
 				j++
 			}
-			toks = append(toks, token{"op", expr[i:j]})
+			toks = append(toks, promToken{"op", expr[i:j]})
 			i = j
 		default:
-			toks = append(toks, token{"op", string(c)})
+			toks = append(toks, promToken{"op", string(c)})
 			i++
 		}
 	}
