@@ -3,6 +3,8 @@
 //	greendot serve [flags]              run a node
 //	greendot token --secret S --user U  print a signed client token
 //	greendot bench <scenario> [flags]   drive a running server and measure it
+//	greendot healthcheck [--url U]      exit 0 when a node answers 200 on /readyz
+//	greendot version                    print the version, commit and Go version
 package main
 
 import (
@@ -34,6 +36,8 @@ usage:
   greendot serve [flags]               run a node (greendot serve -h lists the flags)
   greendot token --secret S --user U   print a signed client token (HS256 JWT)
   greendot bench <scenario> [flags]    drive a running server and measure it (greendot bench -h)
+  greendot healthcheck [--url URL]     exit 0 when a node is ready (for container health checks)
+  greendot version                     print the version, commit and Go version (also --version)
 `
 
 func main() {
@@ -49,6 +53,10 @@ func main() {
 		err = token(os.Args[2:], os.Stdout)
 	case "bench":
 		err = bench(os.Args[2:], os.Stdout, os.Stderr)
+	case "healthcheck":
+		err = healthcheck(os.Args[2:], os.Stdout, os.Stderr, os.Getenv)
+	case "version", "--version", "-version":
+		err = printVersion(os.Args[2:], os.Stdout)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -33,12 +33,15 @@ type run struct {
 }
 
 // runGreendot runs the command in a child process with args and extra env.
+// Keep an in-process serve from running meanwhile: see TestHealthcheckExitCodes.
 func runGreendot(t *testing.T, env []string, args ...string) run {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], args...)
-	cmd.Env = append(append(os.Environ(), "GREENDOT_TEST_MAIN=1"), env...)
+	// A -race child otherwise sleeps a second before it exits.
+	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
+	cmd.Env = append(append(os.Environ(), "GREENDOT_TEST_MAIN=1", "GORACE="+gorace), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -85,6 +88,7 @@ func TestDurationWithoutUnitNamesTheUnit(t *testing.T) {
 		{nil, []string{"serve", "--ttl", "soon"}, "not a duration: give a number and a unit"},
 		{nil, []string{"token", "--secret", "k", "--user", "a", "--ttl", "60"}, `a duration needs a unit, e.g. "60s"`},
 		{nil, []string{"bench", "idle", "--duration", "60"}, `a duration needs a unit, e.g. "60s"`},
+		{nil, []string{"healthcheck", "--timeout", "2"}, `a duration needs a unit, e.g. "2s"`},
 	} {
 		r := runGreendot(t, c.env, c.args...)
 		if r.code == 0 || !strings.Contains(r.stderr, c.want) || strings.Contains(r.stderr, "parse error") {
