@@ -87,6 +87,9 @@ export class GreendotClient {
     this._ws = null;
     this._generation = 0; // bumps on every attempt: stale socket events are ignored
     this._attempt = 0; // consecutive failed attempts, for the backoff
+    // Times of the connection's own (silence, stability, restart advice) are
+    // monotonic(), so a step of the wall clock can neither drop a healthy
+    // connection nor keep a dead one. Presence times (`at`) are Unix ms.
     this._openedAt = 0;
     this._lastFrameAt = 0;
     this._probeAt = 0; // first ack request since the latest frame; 0 when none
@@ -240,7 +243,7 @@ export class GreendotClient {
   }
 
   _onMessage(data) {
-    this._lastFrameAt = Date.now();
+    this._lastFrameAt = monotonic();
     if (typeof data !== 'string') {
       if (typeof Buffer !== 'undefined' && Buffer.isBuffer?.(data)) data = data.toString('utf8');
       else return; // the protocol has text frames only
@@ -265,7 +268,7 @@ export class GreendotClient {
     this.connectionId = f.connection_id;
     this.heartbeatIntervalMs = f.heartbeat_interval_ms > 0 ? f.heartbeat_interval_ms : 10000;
     this.ttlMs = f.ttl_ms > 0 ? f.ttl_ms : this.heartbeatIntervalMs * 2.5;
-    this._openedAt = Date.now();
+    this._openedAt = monotonic();
     this._sentStatus = 'online'; // a new connection starts active
     this._setState(ConnectionState.OPEN, { userId: this.userId, connectionId: this.connectionId });
     this._syncStatus();
@@ -281,7 +284,7 @@ export class GreendotClient {
     this._heartbeatTimer = null;
     const wasOpen = this._state === ConnectionState.OPEN;
     if (!this._wanted) return;
-    const now = Date.now();
+    const now = monotonic();
     const stable = wasOpen && now - this._openedAt >= this._stableAfterMs;
     let delay;
     if (this._restartAt > 0 || code === CloseCode.SERVICE_RESTART) {
@@ -321,7 +324,7 @@ export class GreendotClient {
   _onReconnectFrame(f) {
     const after = Math.max(0, Number(f.after_ms) || 0);
     const jitter = this._random() * Math.min(1000, Math.max(100, after / 10));
-    this._restartAt = Date.now() + after + jitter;
+    this._restartAt = monotonic() + after + jitter;
     // The server closes with 1012 next. Should it not, leave by ourselves in time.
     const ws = this._ws;
     const gen = this._generation;
@@ -347,7 +350,7 @@ export class GreendotClient {
       // A server that answered no ack request for a ttl and an interval is
       // gone. Only an unanswered request counts: a timer the browser held
       // back (a background tab) must not drop a healthy connection.
-      const now = Date.now();
+      const now = monotonic();
       if (this._probeAt && this._lastFrameAt >= this._probeAt) this._probeAt = 0;
       if (this._probeAt && now - this._probeAt > this.ttlMs + this.heartbeatIntervalMs) {
         const ws = this._ws;
@@ -439,7 +442,7 @@ export class GreendotClient {
       if (opt === true) throw new Error('greendot: idle detection needs window and document');
       return; // 'auto' outside a browser: nothing to watch
     }
-    let lastActivity = Date.now();
+    let lastActivity = monotonic();
     let timer = null;
     const setIdle = (idle) => {
       if (this._idle === idle) return;
@@ -449,13 +452,13 @@ export class GreendotClient {
     const check = () => {
       timer = null;
       if (doc.hidden) return setIdle(true);
-      const left = this._idleAfterMs - (Date.now() - lastActivity);
+      const left = this._idleAfterMs - (monotonic() - lastActivity);
       if (left <= 0) return setIdle(true);
       timer = setTimeout(check, left);
     };
-    const arm = () => { if (!timer) timer = setTimeout(check, this._idleAfterMs - (Date.now() - lastActivity)); };
+    const arm = () => { if (!timer) timer = setTimeout(check, this._idleAfterMs - (monotonic() - lastActivity)); };
     const onActivity = () => {
-      lastActivity = Date.now();
+      lastActivity = monotonic();
       if (!doc.hidden) setIdle(false);
       arm();
     };
@@ -509,6 +512,13 @@ export class GreendotClient {
 /** Creates a client and connects it: `const gd = connect({ user: 'alice' })`. */
 export function connect(options) {
   return new GreendotClient(options).connect();
+}
+
+// monotonic is a clock that no wall-clock step moves: performance.now() where
+// there is one (browsers, workers, Node), else Date.now().
+function monotonic() {
+  const p = globalThis.performance;
+  return p && typeof p.now === 'function' ? p.now() : Date.now();
 }
 
 function userPresence(u) {

@@ -49,7 +49,8 @@ export function freePort() {
  * giving it at that moment). fn may be async.
  */
 export async function waitFor(fn, { timeout = 5000, interval = 25, message = 'condition' } = {}) {
-  const deadline = Date.now() + timeout;
+  // Monotonic, so that a test may step Date.now (see clock.test.js).
+  const deadline = performance.now() + timeout;
   let lastErr;
   for (;;) {
     try {
@@ -58,7 +59,7 @@ export async function waitFor(fn, { timeout = 5000, interval = 25, message = 'co
     } catch (err) {
       lastErr = err;
     }
-    if (Date.now() >= deadline) {
+    if (performance.now() >= deadline) {
       const why = lastErr ? `: ${lastErr.message}` : '';
       let what = message;
       if (typeof message === 'function') {
