@@ -39,7 +39,7 @@ type session struct {
 	wg     sync.WaitGroup
 
 	out      chan outFrame // unbuffered, never closed: frames for the writer
-	lastRecv atomic.Int64  // unix nanoseconds of the latest frame read
+	lastRecv atomic.Int64  // the latest frame read, as mono nanoseconds
 
 	mu             sync.Mutex
 	pending        map[string]chan<- reply // guarded by mu: requests awaiting a reply, by id
@@ -110,7 +110,7 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 		pending: make(map[string]chan<- reply),
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
-	s.lastRecv.Store(received.UnixNano())
+	s.lastRecv.Store(0) // the snapshot: opened
 
 	c.presMu.Lock()
 	changes := c.pres.applySnapshot(snap.Users, received)
@@ -187,6 +187,11 @@ func readFrame(ctx context.Context, conn *websocket.Conn, want string, v any) (t
 	return received, nil
 }
 
+// mono is t as nanoseconds since the session opened, from the monotonic
+// readings that time.Now carries (UnixNano drops them): a step of the wall
+// clock can neither drop a healthy connection nor keep a silent one.
+func (s *session) mono(t time.Time) int64 { return int64(t.Sub(s.opened)) }
+
 // stop releases the session's timer and returns the advised reconnect time.
 func (s *session) stop() time.Time {
 	s.mu.Lock()
@@ -207,7 +212,7 @@ func (s *session) readLoop() {
 			return
 		}
 		now := time.Now()
-		s.lastRecv.Store(now.UnixNano())
+		s.lastRecv.Store(s.mono(now))
 		if typ == websocket.MessageText {
 			s.dispatch(data, now)
 		}
@@ -446,7 +451,7 @@ func (s *session) writeLoop() {
 			}
 		case <-tick:
 			if !s.c.isFrozen() {
-				if !unanswered.IsZero() && s.lastRecv.Load() >= unanswered.UnixNano() {
+				if !unanswered.IsZero() && s.lastRecv.Load() >= s.mono(unanswered) {
 					unanswered = time.Time{}
 				}
 				if !unanswered.IsZero() && time.Since(unanswered) > silence {
@@ -454,7 +459,7 @@ func (s *session) writeLoop() {
 					return
 				}
 				hb := protocol.Heartbeat{Type: protocol.TypeHeartbeat}
-				if now := time.Now(); now.UnixNano()-s.lastRecv.Load() >= int64(ttl/2) {
+				if now := time.Now(); s.mono(now)-s.lastRecv.Load() >= int64(ttl/2) {
 					if unanswered.IsZero() {
 						unanswered = now
 					}
