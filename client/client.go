@@ -274,11 +274,12 @@ func (c *Client) wantedStatus() string {
 }
 
 // Query asks the server for the full presence of up to protocol.MaxQueryIDs
-// users, waiting for a connection if there is none; if the connection drops
-// before the answer, it asks again on the next one, until ctx ends. Users
-// who share no team with the viewer come back with State "unknown" and
-// nothing else; the viewer may ask about themselves.
-func (c *Client) Query(ctx context.Context, userIDs []string) ([]protocol.UserPresence, error) {
+// users, one answer per id in order, waiting for a connection if there is
+// none; if the connection drops before the answer, it asks again on the
+// next one, until ctx ends. Users who share no team with the viewer come
+// back with State "unknown" and nothing else; the viewer may ask about
+// themselves.
+func (c *Client) Query(ctx context.Context, userIDs []string) ([]UserPresence, error) {
 	if len(userIDs) == 0 {
 		return nil, nil
 	}
@@ -304,7 +305,11 @@ func (c *Client) Query(ctx context.Context, userIDs []string) ([]protocol.UserPr
 		if err != nil {
 			return nil, err
 		}
-		return r.users, nil
+		out := make([]UserPresence, len(r.users))
+		for i, u := range r.users {
+			out[i] = userPresence(u)
+		}
+		return out, nil
 	}
 }
 

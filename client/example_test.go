@@ -79,8 +79,10 @@ func ExampleClient_Query() {
 		log.Fatal(err)
 	}
 	for _, u := range users {
-		// "unknown" for a user who shares no team with alice.
-		fmt.Println(u.UserID, u.State, u.ConnectionCount, u.Devices)
+		// "bob online v7 on 1 connection [web]", "bob offline v8 last seen
+		// 2025-11-30T10:04:05.123Z", or "carol unknown" for a user who
+		// shares no team with alice.
+		fmt.Println(u)
 	}
 }
 

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -17,11 +18,28 @@ type State struct {
 	// inferred from a snapshot (the user was online and the new snapshot no
 	// longer lists them) carries the version held before.
 	Version uint64
-	// At is when the server recorded the transition; zero when the state
-	// came from a snapshot, which carries no time (unless the client already
-	// held the same state, whose time it keeps).
+	// At is when the server recorded the transition, from the presence
+	// frame that carried it; zero when the state came from a snapshot,
+	// which carries no time (unless the client already held the same state,
+	// whose time it keeps).
 	At time.Time
+	// Since is when this client first knew the user in State: At when the
+	// server sent the transition, else the receipt of the snapshot that
+	// first showed it. The user has been in State at least since then (the
+	// transition may be older); never zero in a State the client holds.
+	Since time.Time
 }
+
+// String reads "bob away v7 since 2025-11-30T10:04:05.123Z".
+func (s State) String() string {
+	out := fmt.Sprintf("%s %s v%d", s.UserID, s.State, s.Version)
+	if !s.Since.IsZero() {
+		out += " since " + s.Since.Format(timeFormat)
+	}
+	return out
+}
+
+const timeFormat = "2006-01-02T15:04:05.000Z07:00"
 
 // Change is one state the client applied, as handed to Options.OnChange and
 // Client.Changes.
@@ -30,6 +48,7 @@ type Change struct {
 	State   string    // protocol.StateOnline, StateAway or StateOffline
 	Version uint64    // as in State
 	At      time.Time // as in State: zero when the change came from a snapshot
+	Since   time.Time // as in State: never zero
 	// Previous is the state held before ("" if none).
 	Previous string
 	// Received is when the frame carrying the change was read off the
@@ -42,7 +61,7 @@ type Change struct {
 }
 
 func (s State) change(previous string, received time.Time, fromSnapshot bool) Change {
-	return Change{UserID: s.UserID, State: s.State, Version: s.Version, At: s.At,
+	return Change{UserID: s.UserID, State: s.State, Version: s.Version, At: s.At, Since: s.Since,
 		Previous: previous, Received: received, FromSnapshot: fromSnapshot}
 }
 
@@ -70,14 +89,14 @@ func newPresenceMap() *presenceMap {
 func (m *presenceMap) applySnapshot(users []protocol.UserState, received time.Time) []Change {
 	next := make(map[string]State, len(users))
 	for _, u := range users {
-		next[u.UserID] = State{UserID: u.UserID, State: u.State, Version: u.Version}
+		next[u.UserID] = State{UserID: u.UserID, State: u.State, Version: u.Version, Since: received}
 	}
 	var changes []Change
 	for id, s := range next {
 		old, ok := m.users[id]
 		switch {
 		case ok && old.State == s.State:
-			s.At = old.At
+			s.At, s.Since = old.At, old.Since
 			next[id] = s
 		case ok:
 			changes = append(changes, s.change(old.State, received, true))
@@ -89,7 +108,7 @@ func (m *presenceMap) applySnapshot(users []protocol.UserState, received time.Ti
 		if _, ok := next[id]; ok || old.State == protocol.StateOffline {
 			continue
 		}
-		gone := State{UserID: id, State: protocol.StateOffline, Version: old.Version}
+		gone := State{UserID: id, State: protocol.StateOffline, Version: old.Version, Since: received}
 		changes = append(changes, gone.change(old.State, received, true))
 	}
 	m.users = next
@@ -107,9 +126,10 @@ func (m *presenceMap) applyChanges(changes []protocol.Change, received time.Time
 		if ok && ch.Version <= old.Version {
 			continue
 		}
-		s := State{UserID: ch.UserID, State: ch.State, Version: ch.Version}
+		s := State{UserID: ch.UserID, State: ch.State, Version: ch.Version, Since: received}
 		if ch.At != 0 {
 			s.At = time.UnixMilli(ch.At)
+			s.Since = s.At
 		}
 		m.users[ch.UserID] = s
 		applied = append(applied, s.change(old.State, received, false))
@@ -133,4 +153,47 @@ func (m *presenceMap) all() []State {
 	}
 	slices.SortFunc(out, func(a, b State) int { return strings.Compare(a.UserID, b.UserID) })
 	return out
+}
+
+// UserPresence is the full presence of one user, as Query returns it.
+type UserPresence struct {
+	UserID string
+	// State is protocol.StateOnline, StateAway or StateOffline; StateUnknown
+	// for a user who shares no team with the viewer, and then nothing else
+	// is set.
+	State           string
+	ConnectionCount int
+	Devices         []string
+	// LastSeen is the moment the user was last known live (the server's
+	// last_seen); zero for a user never seen, or unknown.
+	LastSeen time.Time
+	Version  uint64
+}
+
+// String reads "bob online v7 on 2 connections [ios web]", "erin offline v4
+// last seen 2025-11-30T10:04:05.123Z", "frank offline, never seen" or
+// "carol unknown".
+func (p UserPresence) String() string {
+	switch {
+	case p.State == protocol.StateUnknown:
+		return p.UserID + " unknown"
+	case p.State == protocol.StateOffline && p.LastSeen.IsZero():
+		return p.UserID + " offline, never seen"
+	case p.State == protocol.StateOffline:
+		return fmt.Sprintf("%s offline v%d last seen %s", p.UserID, p.Version, p.LastSeen.Format(timeFormat))
+	}
+	conns := "connections"
+	if p.ConnectionCount == 1 {
+		conns = "connection"
+	}
+	return fmt.Sprintf("%s %s v%d on %d %s %v", p.UserID, p.State, p.Version, p.ConnectionCount, conns, p.Devices)
+}
+
+func userPresence(u protocol.UserPresence) UserPresence {
+	p := UserPresence{UserID: u.UserID, State: u.State, ConnectionCount: u.ConnectionCount,
+		Devices: u.Devices, Version: u.Version}
+	if u.LastSeen != nil {
+		p.LastSeen = time.UnixMilli(*u.LastSeen)
+	}
+	return p
 }
