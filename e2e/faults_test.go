@@ -1,9 +1,15 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/greendot/greendot/store/redisstore/redistest"
 )
@@ -138,9 +144,12 @@ func TestFlushAllIsRebuiltFromTheNodes(t *testing.T) {
 	if _, err := r.Do("FLUSHALL"); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, short.heartbeat+3*time.Second, func() error {
-		if p := a.presence("bob"); p["state"] != "online" || p["connection_count"] != float64(1) {
-			return fmt.Errorf("bob = %v", p)
+	// Reads are refused (503) until the hold-off after the loss is over:
+	// node ttl (= ttl) + 2 s.
+	checkFor(t, short.ttl+2*time.Second+short.heartbeat+3*time.Second, func() error {
+		code, body := a.get("/v1/users/bob/presence")
+		if code != 200 || !strings.Contains(body, `"state":"online"`) || !strings.Contains(body, `"connection_count":1`) {
+			return fmt.Errorf("bob = %d %s", code, body)
 		}
 		return nil
 	})
@@ -149,6 +158,92 @@ func TestFlushAllIsRebuiltFromTheNodes(t *testing.T) {
 	a.join("t1", "alice", "bob")
 	_ = bob.c.Close()
 	alice.expect(short.grace+3*time.Second, "bob=online", "bob=offline")
+}
+
+// After Redis lost its data, no node serves a snapshot or an answer
+// before every live node has written its connections back: until then a
+// reader would be told that their users are offline. Connects and reads
+// are refused with 503 (and a reason) instead, and what is served is whole.
+func TestDataLossServesNoPartialSnapshot(t *testing.T) {
+	short := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
+	r := redistest.Start(t)
+	a := startNode(t, r.URL(), "a", short)
+	b := startNode(t, r.URL(), "b", short)
+	a.join("t1", "alice", "bob", "carol")
+	connect(t, a, "alice", "web")
+	bob := connect(t, b, "bob", "web")
+	bob.expect(3*time.Second, "alice=online")
+
+	if _, err := r.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	a.join("t1", "alice", "bob", "carol") // membership back at once, as from AOF
+	refused, served := 0, 0
+	end := time.Now().Add(short.ttl + 2*time.Second + 2*time.Second) // past the hold-off
+	for time.Now().Before(end) {
+		for _, n := range []*node{a, b} {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			users, status, err := snapshotOf(ctx, n, "carol")
+			cancel()
+			switch {
+			case status == http.StatusServiceUnavailable || status == int(websocket.StatusTryAgainLater):
+				refused++
+			case err != nil:
+				t.Fatalf("connect to %s: %v (status %d)", n.name, err, status)
+			default:
+				served++
+				if users["alice"] != "online" || users["bob"] != "online" {
+					t.Fatalf("a snapshot from %s %d connects after the FLUSHALL lacks live users: %v", n.name, refused+served, users)
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if refused == 0 || served == 0 {
+		t.Fatalf("refused %d, served %d: want connects refused during the hold-off, then served", refused, served)
+	}
+	t.Logf("refused %d connects during the hold-off, then served %d whole snapshots", refused, served)
+}
+
+// snapshotOf connects as user (dev mode), reads the snapshot and closes:
+// the users it lists and their states, or the HTTP status of a refusal
+// (1013 for a close "try again later" after the upgrade).
+func snapshotOf(ctx context.Context, n *node, user string) (map[string]string, int, error) {
+	conn, resp, err := websocket.Dial(ctx, n.ws()+"?user="+user, nil)
+	if err != nil {
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+		}
+		return nil, status, err
+	}
+	defer conn.CloseNow()
+	for {
+		_, b, err := conn.Read(ctx)
+		if websocket.CloseStatus(err) == websocket.StatusTryAgainLater {
+			return nil, int(websocket.StatusTryAgainLater), err
+		}
+		if err != nil {
+			return nil, http.StatusSwitchingProtocols, err
+		}
+		var f struct {
+			Type  string `json:"type"`
+			Users []struct {
+				UserID string `json:"user_id"`
+				State  string `json:"state"`
+			} `json:"users"`
+		}
+		if err := json.Unmarshal(b, &f); err != nil {
+			return nil, http.StatusSwitchingProtocols, err
+		}
+		if f.Type == "snapshot" {
+			users := make(map[string]string, len(f.Users))
+			for _, u := range f.Users {
+				users[u.UserID] = u.State
+			}
+			return users, http.StatusSwitchingProtocols, nil
+		}
+	}
 }
 
 // SIGTERM of a node in a rolling deploy: its clients move to another node

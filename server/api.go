@@ -61,6 +61,9 @@ func (s *Server) handleUserPresence(ctx context.Context, w http.ResponseWriter, 
 	if err != nil {
 		return err
 	}
+	if s.intact() != nil {
+		return refuseRecovering(w)
+	}
 	ps, err := s.store.Presence(ctx, []string{user})
 	if err != nil {
 		return err
@@ -96,6 +99,9 @@ func (s *Server) handleQuery(ctx context.Context, w http.ResponseWriter, r *http
 			return badRequest(errBadID("user").Error())
 		}
 	}
+	if s.intact() != nil {
+		return refuseRecovering(w)
+	}
 	ps, err := s.store.Presence(ctx, req.UserIDs)
 	if err != nil {
 		return err
@@ -114,6 +120,9 @@ func (s *Server) handleTeamPresence(ctx context.Context, w http.ResponseWriter, 
 	team, err := pathID(r, "team")
 	if err != nil {
 		return err
+	}
+	if s.intact() != nil {
+		return refuseRecovering(w)
 	}
 	members, err := s.store.Members(ctx, team)
 	if err != nil {

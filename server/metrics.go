@@ -20,6 +20,7 @@ const (
 	reasonUnauthorized = "unauthorized"
 	reasonDraining     = "draining"
 	reasonOverloaded   = "overloaded"
+	reasonRecovering   = "recovering"
 	reasonStale        = "stale"
 	reasonSlow         = "slow_consumer"
 )

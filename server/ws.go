@@ -116,6 +116,12 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "this node is draining; connect to another")
 		return
 	}
+	if s.intact() != nil {
+		s.metrics.connectsRejected.WithLabelValues(reasonRecovering).Inc()
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, msgRecovering)
+		return
+	}
 	ws, err := s.upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader has answered
@@ -168,6 +174,12 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	c.welcomed = true
 	c.mu.Unlock()
 	snap, members, err := s.snapshot(ctx, c.user, teams)
+	if errors.Is(err, store.ErrRecovering) {
+		// Redis lost its data: the snapshot would lack the users of nodes
+		// not written back yet. The client reconnects.
+		c.closeWith(protocol.CloseTryAgainLater, "store recovering from a data loss")
+		return
+	}
 	if err != nil {
 		s.log.Error("snapshot", "err", err)
 		c.closeWith(1011, "store unavailable")
@@ -207,7 +219,17 @@ func (s *Server) snapshot(ctx context.Context, user string, teams []string) ([]p
 	if err != nil {
 		return nil, nil, err
 	}
-	ps, err := s.readStates(ctx, union(members, user))
+	users := union(members, user)
+	if g, ok := s.store.(store.LossGuard); ok {
+		var ps []presence.Presence
+		err := s.timed(store.OpQuery, func() error {
+			var err error
+			ps, err = g.WholeStates(ctx, users)
+			return err
+		})
+		return ps, members, err
+	}
+	ps, err := s.readStates(ctx, users)
 	return ps, members, err
 }
 
@@ -422,6 +444,10 @@ func (s *Server) answerQuery(ctx context.Context, c *client, q *protocol.Query) 
 			visible = append(visible, id)
 			visibleAt = append(visibleAt, i)
 		}
+	}
+	if len(visible) > 0 && s.intact() != nil {
+		c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: msgRecovering})
+		return
 	}
 	if len(visible) > 0 {
 		ps, err := s.store.Presence(ctx, visible)

@@ -10,6 +10,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,7 +23,21 @@ var (
 	ErrUnknownConn   = presence.ErrUnknownConn
 	ErrDuplicateConn = presence.ErrDuplicateConn
 	ErrUnavailable   = errors.New("store: unavailable")
+	// ErrRecovering: the store lost its data and is being written back;
+	// reads would miss users. It is also an ErrUnavailable.
+	ErrRecovering = fmt.Errorf("%w: recovering from a data loss", ErrUnavailable)
 )
+
+// LossGuard is implemented by stores that can lose their data while the
+// nodes live (Redis): Intact returns ErrRecovering while reads could miss
+// users not written back yet. A snapshot or an answer built meanwhile
+// would show them offline.
+type LossGuard interface {
+	// Intact answers from what the store last saw (no round trip).
+	Intact() error
+	// WholeStates is StateReader.States, checked in the same read.
+	WholeStates(ctx context.Context, userIDs []string) ([]presence.Presence, error)
+}
 
 // Tracker holds live connections and derives users' presence from them.
 type Tracker interface {

@@ -12,6 +12,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,7 @@ var (
 	ErrUnknownConn   = store.ErrUnknownConn
 	ErrDuplicateConn = store.ErrDuplicateConn
 	ErrUnavailable   = store.ErrUnavailable
+	ErrRecovering    = store.ErrRecovering
 )
 
 // Config configures a Store.
@@ -99,7 +101,10 @@ type Store struct {
 	// lostData: this node found itself missing from Redis (Redis lost its
 	// data, or took the node for dead); the resync after recovery waits
 	// for the other nodes to write theirs back.
-	lostData   atomic.Bool
+	lostData atomic.Bool
+	// emptied: the shards (bit per shard) whose last sweep found them in a
+	// data loss's hold-off; see Intact.
+	emptied    atomic.Uint64
 	forgetNext atomic.Int64  // UnixNano before which Sweep does not forget (pacing only)
 	stop       chan struct{} // closed by Close; never sent on
 	wg         sync.WaitGroup
@@ -212,11 +217,32 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
 	}
 	s.beat(ctx, false)
+	// A first sweep records every shard as swept (LS): a fresh Redis would
+	// otherwise read as emptied, and snapshots be refused (WholeStates),
+	// until the server's first sweep.
+	if err := s.Sweep(ctx); err != nil {
+		s.subs.close()
+		_ = s.rdb.Close()
+		return nil, err
+	}
 	s.wg.Add(3)
 	go s.flushLoop()
 	go s.beatLoop()
 	go s.healthLoop()
 	return s, nil
+}
+
+// Intact implements store.LossGuard: ErrRecovering while a shard is in the
+// hold-off after Redis lost its data (a restart without it, FLUSHALL, a
+// failover to an empty replica). Until every live node has written its
+// connections back, a read would take their users for offline; the hold-off
+// bounds that. Known from the sweeps, so it costs no round trip; a loss is
+// seen from the first sweep after it (a tenth of a second).
+func (s *Store) Intact() error {
+	if s.emptied.Load() != 0 {
+		return ErrRecovering
+	}
+	return nil
 }
 
 // Cluster reports whether the store talks to a Redis Cluster.
@@ -402,12 +428,32 @@ func (s *Store) Sweep(ctx context.Context) error {
 			s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds(),
 			s.cfg.Node, recovering}}
 	}
+	calls := make([]call, numShards)
+	for sh := range calls {
+		calls[sh] = mk(sh)
+	}
 	// What the healthy shards claimed is published even when others fail.
-	replies, err := s.evalShards(ctx, s.sc.sweep, mk)
+	replies, errs := s.evalMany(ctx, s.sc.sweep, calls)
 	s.m.sweeps.Inc()
-	for _, v := range replies {
-		if aerr := s.apply(ctx, store.OpSweep, v, start); aerr != nil && err == nil {
-			err = aerr
+	var err error
+	for sh, v := range replies {
+		if errs[sh] != nil {
+			err = cmp.Or(err, errs[sh])
+			continue
+		}
+		r, _ := v.([]any)
+		if len(r) != 2 {
+			err = cmp.Or(err, fmt.Errorf("sweep reply %v", v))
+			continue
+		}
+		bit := uint64(1) << sh
+		if toInt(r[0]) == 1 {
+			s.emptied.Or(bit)
+		} else {
+			s.emptied.And(^bit)
+		}
+		if aerr := s.apply(ctx, store.OpSweep, r[1], start); aerr != nil {
+			err = cmp.Or(err, aerr)
 		}
 	}
 	if err == nil {

@@ -53,11 +53,11 @@ func mustRead(name string) string {
 // shardKeyNames are each shard's keys in the order every script but the
 // membership ones takes them first (prelude.lua): deadlines, connection →
 // user, node liveness, grace ends, users not offline, last sweep, hold-off,
-// resync floor, offline users. Read-only.
+// resync floor, offline users, emptied (a data loss's hold-off). Read-only.
 var shardKeyNames = func() (k [numShards][]string) {
 	for sh := range k {
 		p := prefix(sh)
-		k[sh] = []string{p + "dl", p + "c", p + "nodes", p + "grace", p + "present", p + "ls", p + "ho", p + "fl", p + "off"}
+		k[sh] = []string{p + "dl", p + "c", p + "nodes", p + "grace", p + "present", p + "ls", p + "ho", p + "fl", p + "off", p + "em"}
 	}
 	return k
 }()

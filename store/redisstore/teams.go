@@ -300,6 +300,19 @@ func (s *Store) retryPublish(ctx context.Context) {
 // lacks (data written before it existed, or users never seen) are read from
 // their own hashes.
 func (s *Store) States(ctx context.Context, userIDs []string) ([]presence.Presence, error) {
+	return s.states(ctx, userIDs, false)
+}
+
+// WholeStates implements store.LossGuard: States, refused with
+// ErrRecovering if a shard read is in the hold-off after a data loss (EM)
+// or was emptied and not swept since (no LS): its users of nodes not
+// written back yet would read as offline. Checked in the same pipeline as
+// the read.
+func (s *Store) WholeStates(ctx context.Context, userIDs []string) ([]presence.Presence, error) {
+	return s.states(ctx, userIDs, true)
+}
+
+func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]presence.Presence, error) {
 	out := make([]presence.Presence, len(userIDs))
 	if len(userIDs) == 0 {
 		return out, nil
@@ -316,7 +329,11 @@ func (s *Store) States(ctx context.Context, userIDs []string) ([]presence.Presen
 		cmd *redis.SliceCmd
 	}
 	reads := make([]shardRead, 0, len(byShard))
+	var checks []*redis.SliceCmd
 	for sh, idx := range byShard {
+		if whole {
+			checks = append(checks, pipe.MGet(ctx, prefix(sh)+"ls", prefix(sh)+"em"))
+		}
 		keys := make([]string, len(idx))
 		for k, i := range idx {
 			keys[k] = prefix(sh) + "sv:" + userIDs[i]
@@ -325,6 +342,11 @@ func (s *Store) States(ctx context.Context, userIDs []string) ([]presence.Presen
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))
+	}
+	for _, c := range checks {
+		if v := c.Val(); len(v) != 2 || v[0] == nil || v[1] != nil {
+			return nil, ErrRecovering
+		}
 	}
 	var missing []int
 	for _, r := range reads {

@@ -1,11 +1,11 @@
 -- Shared by every script: prepended by the Go side (Redis has no require).
 -- KEYS start with the shard's keys, always in this order (shardKeys in
 -- scripts.go); a script about one user takes that user's keys after them
--- (KEYS[10] to KEYS[13], see given_user), and some a node's connection set
+-- (KEYS[11] to KEYS[14], see given_user), and some a node's connection set
 -- after those. Every key a script touches shares the shard's hash tag, hence
 -- one cluster slot.
 local DL, C, NODES, GRACE, PRESENT = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local LS, HO, FL, OFF = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local LS, HO, FL, OFF, EM = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local t = redis.call('TIME')
 local NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local NOW_MS = math.floor(NOW_US / 1000)
@@ -15,9 +15,9 @@ local function fmt(n) return string.format('%.0f', n) end
 
 -- A user's keys, as a script passes them to derive, publish_if_changed and
 -- remove: state (u:), connections (uc:), the state's copy (sv:), teams (ut:).
--- given_user names those the caller declared, at KEYS[10] to KEYS[13].
+-- given_user names those the caller declared, at KEYS[11] to KEYS[14].
 local function given_user(user)
-  return {user = user, u = KEYS[10], uc = KEYS[11], sv = KEYS[12], ut = KEYS[13]}
+  return {user = user, u = KEYS[11], uc = KEYS[12], sv = KEYS[13], ut = KEYS[14]}
 end
 
 -- The one exception to declared keys: sweep, reconcile and forget find

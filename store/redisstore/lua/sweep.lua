@@ -10,6 +10,9 @@
 local ttl, grace, nodettl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local holdoff, limit, gap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local out = new_out()
+-- The reply, after whether the shard is in a data loss's hold-off (EM):
+-- nodes refuse snapshots meanwhile.
+local function swept() return {redis.call('EXISTS', EM), reply(out)} end
 -- Nobody swept for a while: Redis was away or restarted with old data, or
 -- every node was paused. Hold off, so live nodes beat and re-assert before
 -- anything of theirs may be taken for dead.
@@ -25,9 +28,12 @@ redis.call('SET', LS, NOW_MS)
 local emptied = not last and (ARGV[8] == '1' or not redis.call('ZSCORE', NODES, ARGV[7]))
 if emptied or (last and NOW_MS - tonumber(last) > gap) then
   redis.call('SET', HO, NOW_MS + holdoff)
-  return reply(out)
+  -- Reads of an emptied shard miss the users of nodes not written back yet:
+  -- EM tells them so (States refuses) until the hold-off is over.
+  if emptied then redis.call('SET', EM, '1', 'PX', holdoff) end
+  return swept()
 end
-if NOW_MS < num(redis.call('GET', HO)) then return reply(out) end
+if NOW_MS < num(redis.call('GET', HO)) then return swept() end
 
 -- Connections of dead nodes: released well before their own ttl.
 local dead = redis.call('ZRANGEBYSCORE', NODES, '-inf', NOW_MS - nodettl, 'WITHSCORES', 'LIMIT', 0, 10)
@@ -79,4 +85,4 @@ for _, user in ipairs(ends) do
     publish_if_changed(uk, out)
   end
 end
-return reply(out)
+return swept()
