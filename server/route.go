@@ -91,11 +91,22 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	} else if subject != nil {
 		subject.gen++ // a load is under way; it will read again
 	}
+	// The state the event carries was read when the membership changed; a
+	// change naming the team may have overtaken the event since, and been
+	// routed to the team's members already.
+	shown := presence.Presence{UserID: ev.UserID, State: ev.State, Version: ev.Version}
+	given := false // the members hold shown or newer: nothing to push
 	if h.views != nil && h.byTeam[ev.Team] != nil {
-		if ev.Joined {
-			h.views.read(ev.Team, presence.Presence{UserID: ev.UserID, State: ev.State, Version: ev.Version}, false)
-		} else {
+		cur, ok := h.views.get(ev.Team, ev.UserID)
+		switch {
+		case !ev.Joined:
 			h.views.forget(ev.Team, ev.UserID)
+		case ok && cur.version >= ev.Version && !cur.mixed:
+			given = true
+		case ok && cur.version >= ev.Version:
+			shown.State, shown.Version = cur.state, cur.version
+		default:
+			h.views.read(ev.Team, shown, false)
 		}
 	}
 	for lu := range h.byTeam[ev.Team] {
@@ -104,8 +115,8 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		}
 		for _, c := range lu.conns {
 			if ev.Joined {
-				if stale := c.unhide(ev.UserID); stale || ev.State != presence.Offline {
-					c.push(protocol.Change{UserID: ev.UserID, State: ev.State.String(), Version: ev.Version, At: h.srv.cfg.Now().UnixMilli()}, true)
+				if stale := c.unhide(ev.UserID); !given && (stale || shown.State != presence.Offline) {
+					c.push(protocol.Change{UserID: ev.UserID, State: shown.State.String(), Version: shown.Version, At: h.srv.cfg.Now().UnixMilli()}, true)
 				}
 			} else {
 				c.hide(ev.UserID)

@@ -116,6 +116,14 @@ func readLocked(m map[string]view, p presence.Presence, others bool) {
 	m[p.UserID] = cur
 }
 
+// get is what team's members hold of subject, if anything is known.
+func (v *views) get(team, subject string) (view, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	cur, ok := v.byTeam[team][subject]
+	return cur, ok
+}
+
 // forget drops subject from team's views (the subject left the team).
 func (v *views) forget(team, subject string) {
 	v.mu.Lock()

@@ -221,3 +221,52 @@ func staleDrops(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Fatal("no stale drops counter")
 	return 0
 }
+
+// A join event carries the subject's state as of the membership change. A
+// change naming the new team can overtake it (the event's publish was
+// slow) and reach the team's members first; the event must then not push
+// its older state after it, which clients would drop as out of order.
+func TestJoinEventOvertakenByAChange(t *testing.T) {
+	ctx := context.Background()
+	mem, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := socketlessServer()
+	s.metrics = newMetrics(prometheus.NewRegistry())
+	s.store = sharedMem{mem}
+	s.hub = newHub(s)
+	h := s.hub
+	for _, m := range [][2]string{{"t1", "alice"}, {"t0", "bob"}} {
+		if err := mem.AddMember(ctx, m[0], m[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alice := &client{srv: s, user: "alice"}
+	alice.closed.Store(true) // no socket: writes are no-ops
+	if _, err := h.add(ctx, alice); err != nil {
+		t.Fatal(err)
+	}
+	if err := mem.AddMember(ctx, "t1", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Online, 8), Teams: []string{"t0", "t1"}, Via: "t1"})
+	alice.mu.Lock()
+	got := fmt.Sprint(alice.pending)
+	alice.pending, alice.order = nil, nil // written to the socket
+	alice.mu.Unlock()
+	if want := fmt.Sprint(map[string]protocol.Change{"bob": wireChange(change("bob", presence.Online, 8))}); got != want {
+		t.Fatalf("alice's outbox = %s, want %s", got, want)
+	}
+
+	h.OnMembership(store.MembershipEvent{Team: "t1", UserID: "bob", Joined: true, State: presence.Away, Version: 5, UserTeams: []string{"t0", "t1"}})
+	alice.mu.Lock()
+	got = fmt.Sprint(alice.pending)
+	alice.mu.Unlock()
+	if got != "map[]" {
+		t.Fatalf("after the late join event, alice's outbox = %s, want nothing (she holds bob=online v8)", got)
+	}
+	if cur, _ := h.views.get("t1", "bob"); cur.version != 8 || cur.state != presence.Online || cur.mixed {
+		t.Fatalf("t1's view of bob = %+v, want online v8, not mixed", cur)
+	}
+}
