@@ -3,6 +3,12 @@
 //
 // URL parameters: ?user=<id> (default: a random name), ?idle=<ms> (how long
 // without input before this tab reports away; default 5 minutes).
+//
+// The roster lists you first, then every member the page knows of by name,
+// whatever their state, so rows never jump: those the team's presence route
+// and the client's snapshot list as present, and whoever the page saw
+// change. Offline members it never saw are counted (the route's
+// member_count), not named: neither the route nor the snapshot lists them.
 
 import { connect } from '/greendot.js';
 
@@ -28,6 +34,7 @@ $('same').href = `/?${new URLSearchParams({ user: me })}`;
 
 /** user id → { state, version, lastSeen, devices, connectionCount } */
 const roster = new Map();
+let memberCount = null; // the team's, from GET /v1/teams/demo/presence; null until read
 let client = null;
 let everOpen = false;
 
@@ -70,9 +77,8 @@ function entry(id) {
 
 function render() {
   const ul = $('roster');
-  const others = [...roster.keys()].filter((id) => id !== me);
-  const order = { online: 0, away: 1, offline: 2 };
-  others.sort((a, b) => (order[roster.get(a).state] ?? 3) - (order[roster.get(b).state] ?? 3) || a.localeCompare(b));
+  // By name only: a change of state never moves a row.
+  const others = [...roster.keys()].filter((id) => id !== me).sort((a, b) => a.localeCompare(b));
   const ids = [me, ...others];
   // Reuse rows so that the dot's colour transition shows.
   const rows = new Map([...ul.children].map((li) => [li.dataset.user, li]));
@@ -99,8 +105,14 @@ function render() {
   });
   for (const li of rows.values()) li.remove();
   const online = ids.filter((id) => (id === me ? myState() : roster.get(id).state) !== 'offline').length;
-  $('count').textContent = `${online} of ${ids.length} here`;
-  $('empty').hidden = others.length > 0;
+  const total = Math.max(ids.length, memberCount ?? 0);
+  const unseen = total - ids.length;
+  $('count').textContent = `${online} of ${total} here`;
+  $('unseen').hidden = unseen === 0;
+  $('unseen').textContent = unseen === 1
+    ? '…and 1 more member, offline since before this page opened'
+    : `…and ${unseen} more members, offline since before this page opened`;
+  $('empty').hidden = others.length > 0 || unseen > 0;
 
   const mine = myState();
   $('me').dataset.state = mine;
@@ -152,7 +164,10 @@ function applyState(id, state, version) {
 }
 
 let queryTimer = null;
-/** Refreshes last-seen times and devices over HTTP, soon (debounced). */
+/**
+ * Refreshes last-seen times and devices, soon (debounced), with a query over
+ * the socket: it needs no API key, and answers only about teammates.
+ */
 function refreshDetails(delay = 300) {
   clearTimeout(queryTimer);
   queryTimer = setTimeout(async () => {
@@ -160,12 +175,13 @@ function refreshDetails(delay = 300) {
     const ids = [...roster.keys()];
     if (!ids.includes(me)) ids.push(me);
     try {
-      const { users } = await api('POST', '/v1/presence/query', { user_ids: ids.slice(0, 500) });
+      const users = await client.query(ids.slice(0, 500));
       for (const u of users) {
-        const e = entry(u.user_id);
-        e.lastSeen = u.last_seen;
+        if (u.state === 'unknown') continue; // no longer a teammate
+        const e = entry(u.userId);
+        e.lastSeen = u.lastSeen;
         e.devices = u.devices ?? [];
-        e.connectionCount = u.connection_count ?? 0;
+        e.connectionCount = u.connectionCount ?? 0;
       }
       render();
     } catch (err) {
@@ -174,9 +190,17 @@ function refreshDetails(delay = 300) {
   }, delay);
 }
 
+/** Reads who of the team is present, and how many members it has. */
 async function loadTeam() {
-  const team = await api('GET', `/v1/teams/${encodeURIComponent(TEAM)}/presence`);
-  for (const u of team.online ?? []) if (u.user_id !== me) applyState(u.user_id, u.state, u.version);
+  try {
+    const team = await api('GET', `/v1/teams/${encodeURIComponent(TEAM)}/presence`);
+    for (const u of team.online ?? []) if (u.user_id !== me) applyState(u.user_id, u.state, u.version);
+    memberCount = team.member_count;
+  } catch (err) {
+    // With --api-key the route is closed to the page: the client's snapshot
+    // and changes still fill the roster, uncounted.
+    console.warn('greendot demo: team presence failed', err);
+  }
   render();
   refreshDetails(0);
 }
@@ -203,11 +227,13 @@ async function start() {
     if (state === 'open') {
       everOpen = true;
       showProblem('');
-      loadTeam().catch((err) => showProblem(`Could not load the team: ${err.message}`));
+      loadTeam();
     }
     render();
   });
   client.onChange((changes) => {
+    // Someone new: a member who just joined, or one offline since the count was read.
+    if (changes.some((c) => c.userId !== me && !roster.has(c.userId))) loadTeamSoon();
     for (const c of changes) {
       const e = entry(c.userId);
       // The client already dropped stale versions. A user a snapshot left out is
@@ -231,7 +257,13 @@ async function start() {
   });
   // Relative times age, and idle detection changes this tab's status without a click.
   setInterval(render, 500);
-  setInterval(() => refreshDetails(0), QUERY_EVERY_MS);
+  setInterval(loadTeam, QUERY_EVERY_MS); // the count, last-seen times and devices
+}
+
+let teamTimer = null;
+function loadTeamSoon() {
+  if (teamTimer) return;
+  teamTimer = setTimeout(() => { teamTimer = null; loadTeam(); }, 300);
 }
 
 $('who').addEventListener('submit', (ev) => {

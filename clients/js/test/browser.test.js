@@ -74,6 +74,18 @@ describe('demo page in Chromium', { timeout: 120000 }, () => {
     }, { timeout, interval: 50, message: async () => `${user}'s dot ${state} (${COLORS[state]}) on the page; row is ${JSON.stringify(await row(page, user))}` });
   }
 
+  /** The users of page's roster rows, top to bottom. */
+  function order(page) {
+    return page.$$eval('#roster li', (lis) => lis.map((li) => li.dataset.user));
+  }
+
+  async function expectText(page, selector, want, timeout = 5000) {
+    await waitFor(async () => {
+      const got = await page.textContent(selector);
+      return want instanceof RegExp ? want.test(got) : got === want;
+    }, { timeout, interval: 50, message: async () => `${selector} to read ${want}; it reads ${JSON.stringify(await page.textContent(selector))}` });
+  }
+
   async function screenshot(t, page, name) {
     fs.mkdirSync(shotDir, { recursive: true });
     const file = path.join(shotDir, `greendot-demo-${name}.png`);
@@ -128,6 +140,39 @@ describe('demo page in Chromium', { timeout: 120000 }, () => {
     await expectDot(alice, 'carol', 'online');
     await carol.context().close();
     await expectDot(alice, 'carol', 'offline');
+  });
+
+  test('a late joiner counts every member and lists them by name; rows stay put', async (t) => {
+    // alice is online; bob and carol, members since the tests above, are offline.
+    const before = await (await fetch(`${server.http}/v1/teams/demo/presence`)).json();
+    assert.equal(before.member_count, 3);
+    const dave = await openAs('dave');
+    await expectDot(dave, 'alice', 'online');
+    // bob and carol were offline all along: counted, not named (no route lists them).
+    await expectText(dave, '#count', '2 of 4 here');
+    assert.deepEqual(await order(dave), ['dave', 'alice']);
+    await expectText(dave, '#unseen', '…and 2 more members, offline since before this page opened');
+
+    const bob = await openAs('bob');
+    await expectDot(dave, 'bob', 'online');
+    assert.deepEqual(await order(dave), ['dave', 'alice', 'bob'], 'you first, then by name');
+    await expectText(dave, '#count', '3 of 4 here');
+    await expectText(dave, '#unseen', '…and 1 more member, offline since before this page opened');
+    await bob.context().close();
+    await expectDot(dave, 'bob', 'offline');
+    assert.deepEqual(await order(dave), ['dave', 'alice', 'bob'], 'going offline moves no row');
+    await waitFor(async () => /last seen/.test((await row(dave, 'bob')).detail), { message: '“last seen” for bob on dave’s page' });
+    await expectText(dave, '#count', '2 of 4 here');
+    await screenshot(t, dave, 'late-joiner');
+
+    // alice's page, open all along, names everyone, offline ones with their last seen.
+    assert.deepEqual(await order(alice), ['alice', 'bob', 'carol', 'dave']);
+    await expectText(alice, '#count', '2 of 4 here');
+    assert.equal(await alice.isHidden('#unseen'), true);
+    assert.match((await row(alice, 'carol')).detail, /last seen/);
+    await dave.context().close();
+    await expectDot(alice, 'dave', 'offline');
+    assert.deepEqual(await order(alice), ['alice', 'bob', 'carol', 'dave']);
   });
 
   test('“open another device as another user” opens a tab as someone else', async () => {
