@@ -53,6 +53,12 @@ type client struct {
 	// tell it even an offline. Past maxHidden, hiddenAll stands for them all.
 	hidden    map[string]struct{}
 	hiddenAll bool
+	// The snapshot's recent entries (versions from the last recentWindow,
+	// with a shared store's time-based versions), until recentUntil: a
+	// change read in the snapshot may still be in flight on the team
+	// channels, and must not be sent again.
+	recent      map[string]uint64
+	recentUntil time.Time
 	expiry    *time.Timer // token expiry; nil without exp
 }
 
@@ -90,6 +96,11 @@ func (c *client) push(ch protocol.Change, bulk bool) { c.queue(ch, bulk, true) }
 func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 	m := c.srv.metrics
 	c.mu.Lock()
+	if c.recent != nil && c.inSnapshotLocked(ch) {
+		c.mu.Unlock()
+		m.dropped.WithLabelValues(reasonStale).Inc()
+		return
+	}
 	if c.pending == nil {
 		c.pending = make(map[string]protocol.Change)
 	}
@@ -194,10 +205,63 @@ func (c *client) sendSnapshot(users []presence.Presence) {
 	// Changes that raced the snapshot can fill a map of a whole team; an
 	// empty one still holds its buckets.
 	c.pending, c.order, c.bulk = nil, nil, 0
+	c.noteRecentLocked(users, frame)
 	// Written under mu so no flush can overtake it.
 	c.writeJSONLocked(frame)
 	c.ready = true
 	c.mu.Unlock()
+}
+
+// recentWindow is how long a change may travel from the node that
+// published it to this one (a slow network, a publish retried after a
+// timeout) and still be one that a snapshot already showed.
+const recentWindow = 10 * time.Second
+
+// noteRecentLocked keeps the entries of the snapshot sent whose versions
+// are recent (a shared store's versions are Redis's clock in microseconds;
+// the memory store's are counters, never recent, and it emits in order).
+func (c *client) noteRecentLocked(users []presence.Presence, frame protocol.Snapshot) {
+	now := c.srv.cfg.Now()
+	cutoff := uint64(now.Add(-recentWindow).UnixMicro())
+	add := func(user string, v uint64) {
+		if v < cutoff {
+			return
+		}
+		if c.recent == nil {
+			c.recent = make(map[string]uint64)
+		}
+		c.recent[user] = max(c.recent[user], v)
+	}
+	for _, u := range frame.Users {
+		add(u.UserID, u.Version)
+	}
+	for _, p := range users {
+		if p.State == presence.Offline {
+			add(p.UserID, p.Version) // left out of the frame, but known
+		}
+	}
+	c.recentUntil = now.Add(recentWindow)
+}
+
+// inSnapshotLocked reports a change the snapshot already gave: not newer
+// than its recent entry for the subject. Past the window, the entries go.
+func (c *client) inSnapshotLocked(ch protocol.Change) bool {
+	if c.srv.cfg.Now().After(c.recentUntil) {
+		c.recent = nil
+		return false
+	}
+	v, ok := c.recent[ch.UserID]
+	if !ok {
+		return false
+	}
+	if ch.Version <= v {
+		return true
+	}
+	delete(c.recent, ch.UserID) // newer than the snapshot: the entry is spent
+	if len(c.recent) == 0 {
+		c.recent = nil
+	}
+	return false
 }
 
 // foldSnapshot is the snapshot frame of users as read, updated by the

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -16,7 +17,7 @@ import (
 // collect the dirty list (no flusher runs), and writes that go nowhere for
 // clients marked closed.
 func socketlessServer() *Server {
-	s := &Server{cfg: Config{MaxPending: 10000}, metrics: newMetrics(prometheus.NewRegistry())}
+	s := &Server{cfg: Config{MaxPending: 10000, Now: time.Now}, metrics: newMetrics(prometheus.NewRegistry())}
 	s.hub = newHub(s)
 	return s
 }
@@ -113,5 +114,43 @@ func TestSnapshotFoldsQueuedChanges(t *testing.T) {
 	c.push(protocol.Change{UserID: "a", State: protocol.StateOffline, Version: 6}, false)
 	if got := strings.Join(c.order, ","); got != "a" {
 		t.Fatalf("order = %s, want a", got)
+	}
+}
+
+// A change the snapshot already showed, arriving after it (it was still on
+// its way from the node that published it), is not sent again; a newer one
+// is, and so is anything after the window. Versions here are like a shared
+// store's: microseconds of the clock.
+func TestSnapshotShownChangeNotResent(t *testing.T) {
+	s := socketlessServer()
+	now := time.Now()
+	s.cfg.Now = func() time.Time { return now }
+	c := &client{srv: s}
+	c.closed.Store(true) // writes become no-ops: no socket here
+	v := uint64(now.Add(-time.Second).UnixMicro())
+	old := uint64(now.Add(-time.Hour).UnixMicro())
+	c.sendSnapshot([]presence.Presence{
+		{UserID: "bob", State: presence.Online, Version: v},
+		{UserID: "carol", State: presence.Offline, Version: v},
+		{UserID: "dave", State: presence.Online, Version: old},
+	})
+	push := func(user, state string, v uint64) {
+		c.push(protocol.Change{UserID: user, State: state, Version: v}, false)
+	}
+	push("bob", protocol.StateOnline, v)    // the snapshot's, late
+	push("bob", protocol.StateAway, v-1)    // older still
+	push("carol", protocol.StateOffline, v) // left out of the frame as offline, but shown
+	push("dave", protocol.StateOnline, old) // not recent: not remembered (the outbox sends it)
+	if got := strings.Join(c.order, ","); got != "dave" {
+		t.Fatalf("queued %q, want only dave", got)
+	}
+	push("bob", protocol.StateAway, v+1) // newer: sent
+	now = now.Add(recentWindow + time.Second)
+	push("carol", protocol.StateOffline, v) // past the window
+	if got := strings.Join(c.order, ","); got != "dave,bob,carol" {
+		t.Fatalf("queued %q, want dave,bob,carol", got)
+	}
+	if c.recent != nil {
+		t.Fatalf("past the window the snapshot's entries are kept: %v", c.recent)
 	}
 }
