@@ -205,6 +205,35 @@ func TestDataLossServesNoPartialSnapshot(t *testing.T) {
 	t.Logf("refused %d connects during the hold-off, then served %d whole snapshots", refused, served)
 }
 
+// Redis restarted without its data: the nodes get it back before they
+// learn that it is empty, and a resync then would read every user of the
+// other node as offline. Nobody is told anything false: the resync waits
+// for the nodes to write their connections back.
+func TestRestartEmptyTellsNothingFalse(t *testing.T) {
+	short := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
+	r := redistest.Start(t)
+	a := startNode(t, r.URL(), "a", short)
+	b := startNode(t, r.URL(), "b", short)
+	a.join("t1", "alice", "bob", "carol")
+	alice := connect(t, a, "alice", "web")
+	bob := connect(t, b, "bob", "web")
+	carol := connect(t, b, "carol", "web")
+	alice.expect(3*time.Second, "bob=online", "carol=online")
+	bob.expect(3*time.Second, "alice=online", "carol=online")
+	carol.expect(3*time.Second, "alice=online", "bob=online")
+
+	r.Stop()
+	time.Sleep(short.heartbeat) // the nodes notice
+	r.Restart()
+	a.join("t1", "alice", "bob", "carol") // membership back, as from AOF
+	// Past the hold-off (node ttl + 2 s) and a resync.
+	alice.still(short.ttl+2*time.Second+2*time.Second, "bob=online", "carol=online")
+	bob.still(0, "alice=online", "carol=online")
+	carol.still(0, "alice=online", "bob=online")
+	_ = bob.c.Close()
+	alice.expect(short.grace+3*time.Second, "bob=online", "carol=online", "bob=offline")
+}
+
 // snapshotOf connects as user (dev mode), reads the snapshot and closes:
 // the users it lists and their states, or the HTTP status of a refusal
 // (1013 for a close "try again later" after the upgrade).

@@ -2,10 +2,12 @@ package server
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/protocol"
+	"github.com/greendot/greendot/store"
 )
 
 // OnResync implements store.Resyncer: the store may have lost events (Redis
@@ -30,11 +32,20 @@ func (h *hub) resync(floor func(string) uint64) {
 	}
 	h.mu.RUnlock()
 	sent := 0
+	// After a data loss the store refuses reads until the nodes have
+	// written their connections back: the resync waits for that (a node
+	// can get Redis back before it learns that the data is gone).
+	wait := time.Now().Add(recoveryWait)
 	for _, team := range teams {
-		// A deadline per team: a big node must not run out of time halfway.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		truth, err := h.srv.teamStates(ctx, team)
-		cancel()
+		truth, err := h.readTeam(team)
+		for errors.Is(err, store.ErrRecovering) && time.Now().Before(wait) {
+			select {
+			case <-h.srv.stop:
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+			truth, err = h.readTeam(team)
+		}
 		if err != nil {
 			h.srv.log.Warn("resync", "team", team, "err", err)
 			continue
@@ -61,4 +72,16 @@ func (h *hub) resync(floor func(string) uint64) {
 		h.mu.RUnlock()
 	}
 	h.srv.metrics.resyncDeliveries.Add(float64(sent))
+}
+
+// recoveryWait bounds how long a resync waits for a store recovering from a
+// data loss: past the hold-off (5 s by default) with room to spare.
+const recoveryWait = 30 * time.Second
+
+// readTeam reads a team's truth, with a deadline per team: a big node must
+// not run out of time halfway.
+func (h *hub) readTeam(team string) ([]presence.Presence, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return h.srv.teamStates(ctx, team)
 }

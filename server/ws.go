@@ -219,27 +219,35 @@ func (s *Server) snapshot(ctx context.Context, user string, teams []string) ([]p
 	if err != nil {
 		return nil, nil, err
 	}
-	users := union(members, user)
-	if g, ok := s.store.(store.LossGuard); ok {
-		var ps []presence.Presence
-		err := s.timed(store.OpQuery, func() error {
-			var err error
-			ps, err = g.WholeStates(ctx, users)
-			return err
-		})
-		return ps, members, err
-	}
-	ps, err := s.readStates(ctx, users)
+	ps, err := s.readWholeStates(ctx, union(members, user))
 	return ps, members, err
 }
 
-// teamStates reads the state of every member of team.
+// teamStates reads the state of every member of team, whole (see
+// readWholeStates).
 func (s *Server) teamStates(ctx context.Context, team string) ([]presence.Presence, error) {
 	members, err := s.teamMembers(ctx, []string{team})
 	if err != nil {
 		return nil, err
 	}
-	return s.readStates(ctx, members[team])
+	return s.readWholeStates(ctx, members[team])
+}
+
+// readWholeStates is readStates, refused with store.ErrRecovering while the
+// store could miss users after a data loss (store.LossGuard): a snapshot or
+// a resync would take them for offline.
+func (s *Server) readWholeStates(ctx context.Context, users []string) ([]presence.Presence, error) {
+	g, ok := s.store.(store.LossGuard)
+	if !ok || len(users) == 0 {
+		return s.readStates(ctx, users)
+	}
+	var ps []presence.Presence
+	err := s.timed(store.OpQuery, func() error {
+		var err error
+		ps, err = g.WholeStates(ctx, users)
+		return err
+	})
+	return ps, err
 }
 
 // readStates reads the states and versions of users (all a snapshot needs).

@@ -176,8 +176,10 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 		if lostContact(err) {
 			s.healthy.Store(false)
 		}
-		return
 	}
+	// The shards that answered count even when others failed (a Redis
+	// restarted empty may answer some before it loads the scripts): the
+	// next beat finds this node there, so a missing one is now or never.
 	missing := false
 	for _, v := range replies {
 		missing = missing || toInt(v) == 1
