@@ -59,7 +59,7 @@ type client struct {
 	// channels, and must not be sent again.
 	recent      map[string]uint64
 	recentUntil time.Time
-	expiry    *time.Timer // token expiry; nil without exp
+	expiry      *time.Timer // token expiry; nil without exp
 }
 
 // allow applies the token-bucket rate limit to one frame.
