@@ -234,6 +234,35 @@ func TestRestartEmptyTellsNothingFalse(t *testing.T) {
 	alice.expect(short.grace+3*time.Second, "bob=online", "carol=online", "bob=offline")
 }
 
+// A viewer keeps a removed teammate's last state; when they share a team
+// again it must hear the offline, even after Redis lost its data and reads
+// the teammate as never seen (version 0, below what the viewer holds).
+func TestRejoinAfterDataLossCorrectsAStaleState(t *testing.T) {
+	short := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
+	r := redistest.Start(t)
+	a := startNode(t, r.URL(), "a", short)
+	b := startNode(t, r.URL(), "b", short)
+	a.join("t1", "alice", "bob")
+	alice := connect(t, a, "alice", "web")
+	bob := connect(t, b, "bob", "web")
+	alice.expect(3*time.Second, "bob=online")
+	if code, body := a.do("DELETE", "/v1/teams/t1/members/bob"); code != 204 {
+		t.Fatalf("remove bob: %d %s", code, body)
+	}
+	_ = bob.c.Close()
+	checkFor(t, short.grace+3*time.Second, func() error {
+		if p := a.presence("bob"); p["state"] != "offline" {
+			return fmt.Errorf("bob = %v", p)
+		}
+		return nil
+	})
+
+	r.Stop()
+	r.Restart()
+	a.join("t1", "alice", "bob") // membership back, as from AOF
+	alice.expect(short.ttl+2*time.Second+3*time.Second, "bob=online", "bob=offline")
+}
+
 // snapshotOf connects as user (dev mode), reads the snapshot and closes:
 // the users it lists and their states, or the HTTP status of a refusal
 // (1013 for a close "try again later" after the upgrade).

@@ -50,8 +50,9 @@ type client struct {
 	bulk     int                        // pending entries queued by bulk pushes: exempt from MaxPending
 	// Subjects this connection could see and no longer can, since a team
 	// removal: its client may still hold their old state, so a re-join must
-	// tell it even an offline. Past maxHidden, hiddenAll stands for them all.
-	hidden    map[string]struct{}
+	// tell it even an offline, at a version above the one it may hold (the
+	// value; 0 unknown). Past maxHidden, hiddenAll stands for them all.
+	hidden    map[string]uint64
 	hiddenAll bool
 	// The snapshot's recent entries (versions from the last recentWindow,
 	// with a shared store's time-based versions), until recentUntil: a
@@ -117,8 +118,13 @@ func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 			c.bulk++
 		}
 	}
+	if held, ok := c.hidden[ch.UserID]; ok {
+		// Visible again: the client may hold an older state of the subject
+		// at a version the store has lost since (see catchUp).
+		ch.Version = max(ch.Version, held+1)
+		delete(c.hidden, ch.UserID)
+	}
 	c.pending[ch.UserID] = ch
-	delete(c.hidden, ch.UserID)
 	pending := len(c.pending)
 	slow := !bulk && pending > c.srv.cfg.MaxPending+c.bulk
 	schedule := c.ready && !c.queued && !slow
@@ -144,7 +150,7 @@ const maxHidden = 4096
 // hide is for a subject this connection can no longer see, after a team
 // removal: it drops the subject's pending change, and remembers that the
 // client may hold a state of theirs that nothing will update.
-func (c *client) hide(subject string) {
+func (c *client) hide(subject string, held uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.hiddenAll {
@@ -152,30 +158,40 @@ func (c *client) hide(subject string) {
 			c.hidden, c.hiddenAll = nil, true
 		} else {
 			if c.hidden == nil {
-				c.hidden = make(map[string]struct{})
+				c.hidden = make(map[string]uint64)
 			}
-			c.hidden[subject] = struct{}{}
+			c.hidden[subject] = max(c.hidden[subject], held)
 		}
 	}
 	c.dropLocked(subject)
 }
 
 // unhide is for a subject visible again: it reports whether the client may
-// hold a stale state of theirs, which an offline must then correct.
-func (c *client) unhide(subject string) bool {
+// hold a stale state of theirs, which an offline must then correct, and the
+// version it may hold (0: unknown).
+func (c *client) unhide(subject string) (bool, uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.hiddenAll {
-		return true
+		return true, 0
 	}
-	if _, ok := c.hidden[subject]; !ok {
-		return false
+	held, ok := c.hidden[subject]
+	if !ok {
+		return false, 0
 	}
 	delete(c.hidden, subject)
 	if len(c.hidden) == 0 {
 		c.hidden = nil
 	}
-	return true
+	return true, held
+}
+
+// catchUp is the change that tells a connection seeing subject again its
+// state p: newer than the version it may hold from before, even if the
+// store lost that version with its data (and reads the user as never seen,
+// version 0). Later versions of the store are its clock, far above.
+func catchUp(p presence.Presence, held uint64, now time.Time) protocol.Change {
+	return protocol.Change{UserID: p.UserID, State: p.State.String(), Version: max(p.Version, held+1), At: now.UnixMilli()}
 }
 
 func (c *client) dropLocked(subject string) {

@@ -54,21 +54,22 @@ func TestEmptiedOutboxHoldsNoMemory(t *testing.T) {
 		c.push(change(i), false)
 	}
 	for i := range 10 {
-		c.hide("u" + strconv.Itoa(i))
+		c.hide("u"+strconv.Itoa(i), uint64(i))
 	}
 	if c.pending != nil || c.order != nil {
 		t.Fatalf("after dropping all: pending nil %v, order cap %d", c.pending == nil, cap(c.order))
 	}
-	if !c.unhide("u3") || c.unhide("u3") || c.unhide("u10") {
-		t.Fatal("unhide reports a hidden subject once, and only a hidden one")
+	stale := func(s string) bool { ok, _ := c.unhide(s); return ok }
+	if ok, held := c.unhide("u3"); !ok || held != 3 || stale("u3") || stale("u10") {
+		t.Fatal("unhide reports a hidden subject once, with the version held, and only a hidden one")
 	}
 
 	// Hidden subjects past maxHidden are one flag, not a growing set.
 	c = newClient()
 	for i := range maxHidden + 10 {
-		c.hide("u" + strconv.Itoa(i))
+		c.hide("u"+strconv.Itoa(i), 1)
 	}
-	if c.hidden != nil || !c.hiddenAll || !c.unhide("anyone") {
+	if c.hidden != nil || !c.hiddenAll || !stale("anyone") {
 		t.Fatalf("past maxHidden: %d entries, all %v", len(c.hidden), c.hiddenAll)
 	}
 

@@ -50,12 +50,28 @@ func (h *hub) resync(floor func(string) uint64) {
 			h.srv.log.Warn("resync", "team", team, "err", err)
 			continue
 		}
-		now := h.srv.cfg.Now().UnixMilli()
+		at := h.srv.cfg.Now()
+		now := at.UnixMilli()
 		h.mu.RLock()
 		members := h.byTeam[team]
 		var diff []presence.Change
+		var unseen []presence.Presence
 		if members != nil {
+			unseen = h.views.unseenOffline(team, truth)
 			diff = h.views.resync(team, truth, floor)
+		}
+		// Offline users new to the team's view are news to nobody, except
+		// to a connection that saw them before a removal and may hold
+		// their old state (the join event can be lost in an outage).
+		for _, p := range unseen {
+			for lu := range members {
+				for _, c := range lu.conns {
+					if stale, was := c.unhide(p.UserID); stale && lu.id != p.UserID {
+						c.push(catchUp(p, was, at), true)
+						sent++
+					}
+				}
+			}
 		}
 		for _, ch := range diff {
 			wc := protocol.Change{UserID: ch.UserID, State: ch.State.String(), Version: ch.Version, At: now}

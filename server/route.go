@@ -74,6 +74,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			others[t] = struct{}{}
 		}
 	}
+	var leftViews map[string]uint64 // the subject left: what its members held
 	h.mu.Lock()
 	subject := h.users[ev.UserID]
 	if subject != nil && subject.teams != nil {
@@ -85,6 +86,9 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			// through a team not yet subscribed could be missed.
 			h.work.enqueue(func(ctx context.Context) { h.joinWatched(ctx, subject, ev.Team) })
 		case !ev.Joined && member:
+			if h.views != nil {
+				leftViews = h.views.versions(ev.Team)
+			}
 			h.leaveLocked(subject, ev.Team)
 			h.unwatchLater([]string{ev.Team})
 		}
@@ -95,11 +99,13 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	// change naming the team may have overtaken the event since, and been
 	// routed to the team's members already.
 	shown := presence.Presence{UserID: ev.UserID, State: ev.State, Version: ev.Version}
-	given := false // the members hold shown or newer: nothing to push
+	given := false  // the members hold shown or newer: nothing to push
+	var held uint64 // after a removal: the version the members may hold
 	if h.views != nil && h.byTeam[ev.Team] != nil {
 		cur, ok := h.views.get(ev.Team, ev.UserID)
 		switch {
 		case !ev.Joined:
+			held = cur.version
 			h.views.forget(ev.Team, ev.UserID)
 		case ok && cur.version >= ev.Version && !cur.mixed:
 			given = true
@@ -115,11 +121,11 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		}
 		for _, c := range lu.conns {
 			if ev.Joined {
-				if stale := c.unhide(ev.UserID); !given && (stale || shown.State != presence.Offline) {
-					c.push(protocol.Change{UserID: ev.UserID, State: shown.State.String(), Version: shown.Version, At: h.srv.cfg.Now().UnixMilli()}, true)
+				if stale, was := c.unhide(ev.UserID); !given && (stale || shown.State != presence.Offline) {
+					c.push(catchUp(shown, was, h.srv.cfg.Now()), true)
 				}
 			} else {
-				c.hide(ev.UserID)
+				c.hide(ev.UserID, held)
 			}
 		}
 	}
@@ -127,14 +133,14 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	if subject != nil {
 		// The subject's own connections need the other side: store queries,
 		// so done off the event path.
-		h.work.enqueue(func(ctx context.Context) { h.reconcileSubject(ctx, ev, others) })
+		h.work.enqueue(func(ctx context.Context) { h.reconcileSubject(ctx, ev, others, leftViews) })
 	}
 }
 
 // reconcileSubject sends a user who joined a team the present members they
 // could not see before, or drops queued changes of members they no longer
 // share a team with.
-func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, others map[string]struct{}) {
+func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, others map[string]struct{}, held map[string]uint64) {
 	s := h.srv
 	members, err := s.store.Members(ctx, ev.Team)
 	if err != nil {
@@ -170,7 +176,7 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 			return
 		}
 	}
-	now := s.cfg.Now().UnixMilli()
+	now := s.cfg.Now()
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	lu := h.users[ev.UserID]
@@ -186,13 +192,13 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 	for _, c := range lu.conns {
 		if !ev.Joined {
 			for _, m := range fresh {
-				c.hide(m)
+				c.hide(m, held[m])
 			}
 			continue
 		}
 		for _, p := range ps {
-			if stale := c.unhide(p.UserID); stale || p.State != presence.Offline {
-				c.push(protocol.Change{UserID: p.UserID, State: p.State.String(), Version: p.Version, At: now}, true)
+			if stale, was := c.unhide(p.UserID); stale || p.State != presence.Offline {
+				c.push(catchUp(p, was, now), true)
 			}
 		}
 	}

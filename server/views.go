@@ -124,6 +124,31 @@ func (v *views) get(team, subject string) (view, bool) {
 	return cur, ok
 }
 
+// unseenOffline is the offline users of truth that team's view lacks.
+func (v *views) unseenOffline(team string, truth []presence.Presence) []presence.Presence {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	m := v.byTeam[team]
+	var out []presence.Presence
+	for _, p := range truth {
+		if _, ok := m[p.UserID]; !ok && p.State == presence.Offline {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// versions is the version team's members hold of each subject.
+func (v *views) versions(team string) map[string]uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make(map[string]uint64, len(v.byTeam[team]))
+	for s, cur := range v.byTeam[team] {
+		out[s] = cur.version
+	}
+	return out
+}
+
 // forget drops subject from team's views (the subject left the team).
 func (v *views) forget(team, subject string) {
 	v.mu.Lock()
