@@ -102,6 +102,16 @@ func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 		m.dropped.WithLabelValues(reasonStale).Inc()
 		return
 	}
+	if held, ok := c.hidden[ch.UserID]; ok {
+		// Visible again: the client holds the subject at held, so a change
+		// not newer is no news (a late copy of one from before the removal).
+		if ch.Version <= held {
+			c.mu.Unlock()
+			m.dropped.WithLabelValues(reasonStale).Inc()
+			return
+		}
+		delete(c.hidden, ch.UserID)
+	}
 	if c.pending == nil {
 		c.pending = make(map[string]protocol.Change)
 	}
@@ -117,12 +127,6 @@ func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 		if bulk {
 			c.bulk++
 		}
-	}
-	if held, ok := c.hidden[ch.UserID]; ok {
-		// Visible again: the client may hold an older state of the subject
-		// at a version the store has lost since (see catchUp).
-		ch.Version = max(ch.Version, held+1)
-		delete(c.hidden, ch.UserID)
 	}
 	c.pending[ch.UserID] = ch
 	pending := len(c.pending)
@@ -190,8 +194,19 @@ func (c *client) unhide(subject string) (bool, uint64) {
 // state p: newer than the version it may hold from before, even if the
 // store lost that version with its data (and reads the user as never seen,
 // version 0). Later versions of the store are its clock, far above.
-func catchUp(p presence.Presence, held uint64, now time.Time) protocol.Change {
-	return protocol.Change{UserID: p.UserID, State: p.State.String(), Version: max(p.Version, held+1), At: now.UnixMilli()}
+//
+// At held itself the client already holds p: nothing is sent (ok false).
+// Below it, p (a fresh read) comes from a store that lost its data. No
+// other path raises a version: a late copy of an old change would win.
+func catchUp(p presence.Presence, held uint64, now time.Time) (protocol.Change, bool) {
+	v := p.Version
+	switch {
+	case held != 0 && v == held:
+		return protocol.Change{}, false
+	case v < held:
+		v = held + 1
+	}
+	return protocol.Change{UserID: p.UserID, State: p.State.String(), Version: v, At: now.UnixMilli()}, true
 }
 
 func (c *client) dropLocked(subject string) {

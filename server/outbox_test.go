@@ -155,3 +155,38 @@ func TestSnapshotShownChangeNotResent(t *testing.T) {
 		t.Fatalf("past the window the snapshot's entries are kept: %v", c.recent)
 	}
 }
+
+func TestCatchUpVersions(t *testing.T) {
+	now := time.Now()
+	p := func(v uint64) presence.Presence {
+		return presence.Presence{UserID: "bob", State: presence.Offline, Version: v}
+	}
+	for _, tc := range []struct {
+		v, held, want uint64
+		ok            bool
+	}{
+		{v: 9, held: 5, want: 9, ok: true}, // changed since: as read
+		{v: 5, held: 5, ok: false},         // the client holds it
+		{v: 0, held: 5, want: 6, ok: true}, // the store lost it: above what the client holds
+		{v: 7, held: 0, want: 7, ok: true}, // nothing known of the client
+	} {
+		ch, ok := catchUp(p(tc.v), tc.held, now)
+		if ok != tc.ok || (ok && ch.Version != tc.want) {
+			t.Errorf("catchUp(v%d, held %d) = v%d %v, want v%d %v", tc.v, tc.held, ch.Version, ok, tc.want, tc.ok)
+		}
+	}
+	// A routed change to a subject seen again is dropped when not newer
+	// than what the client held, and never raised.
+	c := &client{srv: socketlessServer()}
+	c.closed.Store(true)
+	c.hide("bob", 5)
+	c.push(protocol.Change{UserID: "bob", State: protocol.StateAway, Version: 4}, false)
+	c.push(protocol.Change{UserID: "bob", State: protocol.StateAway, Version: 5}, false)
+	if len(c.pending) != 0 {
+		t.Fatalf("pending %v, want nothing", c.pending)
+	}
+	c.push(protocol.Change{UserID: "bob", State: protocol.StateAway, Version: 6}, false)
+	if q := c.pending["bob"]; q.Version != 6 {
+		t.Fatalf("pending %v, want bob v6", c.pending)
+	}
+}

@@ -67,8 +67,10 @@ func (h *hub) resync(floor func(string) uint64) {
 			for lu := range members {
 				for _, c := range lu.conns {
 					if stale, was := c.unhide(p.UserID); stale && lu.id != p.UserID {
-						c.push(catchUp(p, was, at), true)
-						sent++
+						if ch, ok := catchUp(p, was, at); ok {
+							c.push(ch, true)
+							sent++
+						}
 					}
 				}
 			}

@@ -122,7 +122,9 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		for _, c := range lu.conns {
 			if ev.Joined {
 				if stale, was := c.unhide(ev.UserID); !given && (stale || shown.State != presence.Offline) {
-					c.push(catchUp(shown, was, h.srv.cfg.Now()), true)
+					if ch, ok := catchUp(shown, was, h.srv.cfg.Now()); ok {
+						c.push(ch, true)
+					}
 				}
 			} else {
 				c.hide(ev.UserID, held)
@@ -198,7 +200,9 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 		}
 		for _, p := range ps {
 			if stale, was := c.unhide(p.UserID); stale || p.State != presence.Offline {
-				c.push(catchUp(p, was, now), true)
+				if ch, ok := catchUp(p, was, now); ok {
+					c.push(ch, true)
+				}
 			}
 		}
 	}
