@@ -332,3 +332,26 @@ func TestRollingDeployFlipsNoDot(t *testing.T) {
 	_ = bobOnA.c.Close()
 	alice.still(quick.grace+2*time.Second, "bob=online")
 }
+
+// A slow link between a node and Redis (here 350 ms each way, for twice
+// the node liveness) is lateness, not death: the node's liveness beats
+// must still land, or the others take it for dead and its users go
+// offline (chaos: 276 ms for 4.5 s made one user offline for everyone).
+func TestSlowRedisLinkKeepsNodeAlive(t *testing.T) {
+	tm := timing{ttl: 3 * time.Second, heartbeat: time.Second, grace: 1500 * time.Millisecond}
+	r := redistest.Start(t)
+	p := newFaultProxy(t)
+	p.SetUpstream(r.Addr())
+	a := startNode(t, r.URL(), "a", tm)
+	b := startNode(t, "redis://"+p.Addr(), "b", tm)
+	a.join("t1", "alice", "bob")
+	alice := connect(t, a, "alice", "web")
+	bob := connect(t, b, "bob", "web")
+	alice.expect(3*time.Second, "bob=online")
+	bob.expect(3*time.Second, "alice=online")
+
+	p.SetLatency(350 * time.Millisecond)
+	alice.still(2*3*time.Second, "bob=online")
+	p.SetLatency(0)
+	alice.still(tm.grace+time.Second, "bob=online")
+}

@@ -160,8 +160,13 @@ func (s *Store) beatLoop() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.NodeTTL/3)
+		// A beat that lands within 2/3 of the node ttl still keeps this
+		// node alive (the previous one landed at most a third ago): a slow
+		// link to Redis must not make it dead.
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.NodeTTL*2/3)
 		s.beat(ctx, false)
+		cancel()
+		ctx, cancel = context.WithTimeout(context.Background(), s.cfg.NodeTTL/3)
 		s.countPresent(ctx)
 		cancel()
 	}
