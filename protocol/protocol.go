@@ -84,6 +84,14 @@ type UserState struct {
 	Version uint64 `json:"version"`
 }
 
+// OfflineMember is one entry of a team's offline list (added to v1): an
+// offline member, LastSeen being null (nil) for a member never seen.
+type OfflineMember struct {
+	UserID   string `json:"user_id"`
+	Version  uint64 `json:"version"`
+	LastSeen *int64 `json:"last_seen"`
+}
+
 // Snapshot follows welcome: every visible user who is not offline.
 type Snapshot struct {
 	Type  string      `json:"type"`

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/greendot/greendot/presence"
@@ -129,10 +131,11 @@ func (s *Server) handleTeamPresence(ctx context.Context, w http.ResponseWriter, 
 		return err
 	}
 	out := struct {
-		TeamID      string               `json:"team_id"`
-		MemberCount int                  `json:"member_count"`
-		Online      []protocol.UserState `json:"online"`
-	}{TeamID: team, MemberCount: len(members), Online: []protocol.UserState{}}
+		TeamID      string                   `json:"team_id"`
+		MemberCount int                      `json:"member_count"`
+		Online      []protocol.UserState     `json:"online"`
+		Offline     []protocol.OfflineMember `json:"offline"`
+	}{TeamID: team, MemberCount: len(members), Online: []protocol.UserState{}, Offline: []protocol.OfflineMember{}}
 	if len(members) > 0 {
 		ps, err := s.store.Presence(ctx, members)
 		if err != nil {
@@ -141,9 +144,16 @@ func (s *Server) handleTeamPresence(ctx context.Context, w http.ResponseWriter, 
 		for _, p := range ps {
 			if p.State != presence.Offline {
 				out.Online = append(out.Online, protocol.UserState{UserID: p.UserID, State: p.State.String(), Version: p.Version})
+				continue
 			}
+			up := toUserPresence(p)
+			out.Offline = append(out.Offline, protocol.OfflineMember{UserID: up.UserID, Version: up.Version, LastSeen: up.LastSeen})
 		}
 	}
+	// Stores list members sorted; sorting again keeps the answer stable
+	// whatever order a store's presence read returns.
+	slices.SortFunc(out.Online, func(a, b protocol.UserState) int { return strings.Compare(a.UserID, b.UserID) })
+	slices.SortFunc(out.Offline, func(a, b protocol.OfflineMember) int { return strings.Compare(a.UserID, b.UserID) })
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
