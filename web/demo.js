@@ -4,11 +4,10 @@
 // URL parameters: ?user=<id> (default: a random name), ?idle=<ms> (how long
 // without input before this tab reports away; default 5 minutes).
 //
-// The roster lists you first, then every member the page knows of by name,
-// whatever their state, so rows never jump: those the team's presence route
-// and the client's snapshot list as present, and whoever the page saw
-// change. Offline members it never saw are counted (the route's
-// member_count), not named: neither the route nor the snapshot lists them.
+// The roster lists you first, then every member by name, whatever their
+// state, so rows never jump: the team's presence route names them all (the
+// offline ones with their last-seen time), and the client's snapshot and
+// changes add whoever the page sees change.
 
 import { connect } from '/greendot.js';
 
@@ -34,7 +33,6 @@ $('same').href = `/?${new URLSearchParams({ user: me })}`;
 
 /** user id → { state, version, lastSeen, devices, connectionCount } */
 const roster = new Map();
-let memberCount = null; // the team's, from GET /v1/teams/demo/presence; null until read
 let client = null;
 let everOpen = false;
 
@@ -105,14 +103,8 @@ function render() {
   });
   for (const li of rows.values()) li.remove();
   const online = ids.filter((id) => (id === me ? myState() : roster.get(id).state) !== 'offline').length;
-  const total = Math.max(ids.length, memberCount ?? 0);
-  const unseen = total - ids.length;
-  $('count').textContent = `${online} of ${total} here`;
-  $('unseen').hidden = unseen === 0;
-  $('unseen').textContent = unseen === 1
-    ? '…and 1 more member, offline since before this page opened'
-    : `…and ${unseen} more members, offline since before this page opened`;
-  $('empty').hidden = others.length > 0 || unseen > 0;
+  $('count').textContent = `${online} of ${ids.length} here`;
+  $('empty').hidden = others.length > 0;
 
   const mine = myState();
   $('me').dataset.state = mine;
@@ -144,7 +136,8 @@ function ago(ms) {
   if (s < 5) return 'just now';
   if (s < 60) return `${s} s ago`;
   if (s < 3600) return `${Math.floor(s / 60)} min ago`;
-  return new Date(ms).toLocaleString();
+  if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
+  return `on ${new Date(ms).toLocaleDateString()}`;
 }
 
 function formatDuration(ms) {
@@ -155,12 +148,16 @@ function formatDuration(ms) {
 
 // ——— data ———
 
-/** Applies a state with its version; a version not newer than the one held is dropped. */
+/**
+ * Applies a state with its version; a version not newer than the one held is
+ * dropped. Returns whether the page now holds that version.
+ */
 function applyState(id, state, version) {
   const e = entry(id);
-  if (version !== undefined && e.version && version <= e.version) return;
+  if (version !== undefined && e.version && version <= e.version) return version === e.version;
   e.state = state;
   if (version !== undefined) e.version = version;
+  return true;
 }
 
 let queryTimer = null;
@@ -190,15 +187,18 @@ function refreshDetails(delay = 300) {
   }, delay);
 }
 
-/** Reads who of the team is present, and how many members it has. */
+/** Reads every member of the team: who is present, and when the others were last seen. */
 async function loadTeam() {
   try {
     const team = await api('GET', `/v1/teams/${encodeURIComponent(TEAM)}/presence`);
     for (const u of team.online ?? []) if (u.user_id !== me) applyState(u.user_id, u.state, u.version);
-    memberCount = team.member_count;
+    for (const u of team.offline ?? []) {
+      // An answer older than a change the page already holds is dropped.
+      if (u.user_id !== me && applyState(u.user_id, 'offline', u.version)) entry(u.user_id).lastSeen = u.last_seen;
+    }
   } catch (err) {
     // With --api-key the route is closed to the page: the client's snapshot
-    // and changes still fill the roster, uncounted.
+    // and changes still fill the roster, offline members unnamed.
     console.warn('greendot demo: team presence failed', err);
   }
   render();
@@ -232,7 +232,7 @@ async function start() {
     render();
   });
   client.onChange((changes) => {
-    // Someone new: a member who just joined, or one offline since the count was read.
+    // Someone new: the team changed, and members who joined offline send no change.
     if (changes.some((c) => c.userId !== me && !roster.has(c.userId))) loadTeamSoon();
     for (const c of changes) {
       const e = entry(c.userId);
@@ -257,7 +257,7 @@ async function start() {
   });
   // Relative times age, and idle detection changes this tab's status without a click.
   setInterval(render, 500);
-  setInterval(loadTeam, QUERY_EVERY_MS); // the count, last-seen times and devices
+  setInterval(loadTeam, QUERY_EVERY_MS); // members, last-seen times and devices
 }
 
 let teamTimer = null;

@@ -142,37 +142,47 @@ describe('demo page in Chromium', { timeout: 120000 }, () => {
     await expectDot(alice, 'carol', 'offline');
   });
 
-  test('a late joiner counts every member and lists them by name; rows stay put', async (t) => {
-    // alice is online; bob and carol, members since the tests above, are offline.
+  test('a late joiner names every member, offline ones with their last seen; rows stay put', async (t) => {
+    // alice is online; bob and carol, members since the tests above, are
+    // offline; erin joins now and is never seen.
+    assert.equal((await fetch(`${server.http}/v1/teams/demo/members/erin`, { method: 'PUT' })).status, 204);
     const before = await (await fetch(`${server.http}/v1/teams/demo/presence`)).json();
-    assert.equal(before.member_count, 3);
+    assert.equal(before.member_count, 4);
+    assert.deepEqual(before.offline.map((u) => u.user_id), ['bob', 'carol', 'erin']);
     const dave = await openAs('dave');
     await expectDot(dave, 'alice', 'online');
-    // bob and carol were offline all along: counted, not named (no route lists them).
-    await expectText(dave, '#count', '2 of 4 here');
-    assert.deepEqual(await order(dave), ['dave', 'alice']);
-    await expectText(dave, '#unseen', '…and 2 more members, offline since before this page opened');
+    // bob and carol went offline before dave's page opened: the team route names them.
+    await waitFor(async () => JSON.stringify(await order(dave)) === JSON.stringify(['dave', 'alice', 'bob', 'carol', 'erin']),
+      { message: async () => `dave's roster to be dave, alice, bob, carol, erin; it is ${await order(dave)}` });
+    await expectText(dave, '#count', '2 of 5 here');
+    for (const u of ['bob', 'carol']) {
+      await expectDot(dave, u, 'offline');
+      assert.match((await row(dave, u)).detail, /^last seen (just now|\d+ s ago|\d+ min ago)$/, `${u}'s last seen on dave's page`);
+    }
+    assert.equal((await row(dave, 'erin')).detail, 'never seen');
+    assert.doesNotMatch(await dave.textContent('body'), /offline since before this page opened/);
 
     const bob = await openAs('bob');
     await expectDot(dave, 'bob', 'online');
-    assert.deepEqual(await order(dave), ['dave', 'alice', 'bob'], 'you first, then by name');
-    await expectText(dave, '#count', '3 of 4 here');
-    await expectText(dave, '#unseen', '…and 1 more member, offline since before this page opened');
+    assert.deepEqual(await order(dave), ['dave', 'alice', 'bob', 'carol', 'erin'], 'coming online moves no row');
+    await expectText(dave, '#count', '3 of 5 here');
     await bob.context().close();
     await expectDot(dave, 'bob', 'offline');
-    assert.deepEqual(await order(dave), ['dave', 'alice', 'bob'], 'going offline moves no row');
+    assert.deepEqual(await order(dave), ['dave', 'alice', 'bob', 'carol', 'erin'], 'going offline moves no row');
     await waitFor(async () => /last seen/.test((await row(dave, 'bob')).detail), { message: '“last seen” for bob on dave’s page' });
-    await expectText(dave, '#count', '2 of 4 here');
+    await expectText(dave, '#count', '2 of 5 here');
     await screenshot(t, dave, 'late-joiner');
 
-    // alice's page, open all along, names everyone, offline ones with their last seen.
-    assert.deepEqual(await order(alice), ['alice', 'bob', 'carol', 'dave']);
-    await expectText(alice, '#count', '2 of 4 here');
-    assert.equal(await alice.isHidden('#unseen'), true);
+    // alice's page, open all along, re-reads the team when dave shows up,
+    // and so names erin, who joined offline (which sends no change).
+    await waitFor(async () => JSON.stringify(await order(alice)) === JSON.stringify(['alice', 'bob', 'carol', 'dave', 'erin']),
+      { message: async () => `alice's roster to be alice, bob, carol, dave, erin; it is ${await order(alice)}` });
+    await expectText(alice, '#count', '2 of 5 here');
     assert.match((await row(alice, 'carol')).detail, /last seen/);
+    assert.equal((await row(alice, 'erin')).detail, 'never seen');
     await dave.context().close();
     await expectDot(alice, 'dave', 'offline');
-    assert.deepEqual(await order(alice), ['alice', 'bob', 'carol', 'dave']);
+    assert.deepEqual(await order(alice), ['alice', 'bob', 'carol', 'dave', 'erin']);
   });
 
   test('“open another device as another user” opens a tab as someone else', async () => {
