@@ -30,6 +30,10 @@ func (h *hub) resync(floor func(string) uint64) {
 	for t := range h.byTeam {
 		teams = append(teams, t)
 	}
+	gens := make(map[*localUser]uint64, len(h.users))
+	for _, lu := range h.users {
+		gens[lu] = lu.gen
+	}
 	h.mu.RUnlock()
 	sent := 0
 	// After a data loss the store refuses reads until the nodes have
@@ -50,6 +54,7 @@ func (h *hub) resync(floor func(string) uint64) {
 			h.srv.log.Warn("resync", "team", team, "err", err)
 			continue
 		}
+		h.applyMissedMembership(team, truth, gens)
 		at := h.srv.cfg.Now()
 		now := at.UnixMilli()
 		h.mu.RLock()
@@ -90,6 +95,59 @@ func (h *hub) resync(floor func(string) uint64) {
 		h.mu.RUnlock()
 	}
 	h.srv.metrics.resyncDeliveries.Add(float64(sent))
+}
+
+// applyMissedMembership compares the members of team (truth) with the local
+// users indexed under it, and applies the membership events the node missed
+// (a partition, a resubscription): a local user no longer a member leaves
+// the team here, so that nothing more passes between them and its members;
+// a local member not indexed under it joins. A user with a membership event
+// since the resync began (gens) is left to that event.
+func (h *hub) applyMissedMembership(team string, truth []presence.Presence, gens map[*localUser]uint64) {
+	members := make(map[string]presence.Presence, len(truth))
+	for _, p := range truth {
+		members[p.UserID] = p
+	}
+	var missed []store.MembershipEvent
+	h.mu.RLock()
+	for lu := range h.byTeam[team] {
+		if _, ok := members[lu.id]; !ok && gens[lu] == lu.gen {
+			missed = append(missed, store.MembershipEvent{Team: team, UserID: lu.id, UserTeams: teamsBut(lu.teams, team)})
+		}
+	}
+	for id, p := range members {
+		lu := h.users[id]
+		if lu == nil || lu.teams == nil || gens[lu] != lu.gen {
+			continue
+		}
+		if _, ok := lu.teams[team]; !ok {
+			missed = append(missed, store.MembershipEvent{Team: team, UserID: id, Joined: true, State: p.State, Version: p.Version,
+				UserTeams: append(teamsBut(lu.teams, team), team)})
+		}
+	}
+	h.mu.RUnlock()
+	for _, ev := range missed {
+		h.OnMembership(ev)
+	}
+	// Those were this resync's own events: the user's other teams may
+	// have missed theirs too.
+	h.mu.RLock()
+	for _, ev := range missed {
+		if lu := h.users[ev.UserID]; lu != nil {
+			gens[lu] = lu.gen
+		}
+	}
+	h.mu.RUnlock()
+}
+
+func teamsBut(teams map[string]struct{}, team string) []string {
+	out := make([]string, 0, len(teams))
+	for t := range teams {
+		if t != team {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // recoveryWait bounds how long a resync waits for a store recovering from a

@@ -270,3 +270,90 @@ func TestJoinEventOvertakenByAChange(t *testing.T) {
 		t.Fatalf("t1's view of bob = %+v, want online v8, not mixed", cur)
 	}
 }
+
+// A node that missed membership events (cut off from Redis, or resubscribing)
+// finds them in the resync: a local user removed meanwhile leaves the team
+// here, so its changes stop passing both ways; a local member not indexed
+// under the team joins it.
+func TestResyncAppliesMissedMembership(t *testing.T) {
+	ctx := context.Background()
+	mem, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := socketlessServer()
+	s.metrics = newMetrics(prometheus.NewRegistry())
+	s.store = sharedMem{mem}
+	s.hub = newHub(s)
+	h := s.hub
+	for _, m := range [][2]string{{"t1", "alice"}, {"t1", "bob"}, {"t2", "carol"}, {"t2", "bob"}} {
+		if err := mem.AddMember(ctx, m[0], m[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	local := func(user string) *client {
+		c := &client{srv: s, user: user}
+		c.closed.Store(true) // no socket: writes are no-ops
+		if _, err := h.add(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	alice, bob, carol := local("alice"), local("bob"), local("carol")
+	// While the node heard nothing: alice left t1, carol joined it.
+	if err := mem.RemoveMember(ctx, "t1", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	if err := mem.AddMember(ctx, "t1", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	h.resync(func(string) uint64 { return 0 })
+	h.work.drain(ctx) // the joins and reconciles the resync queued
+
+	teams := func(user string) string {
+		ts := h.teamsOf(user)
+		slices.Sort(ts)
+		return fmt.Sprint(ts)
+	}
+	if got := teams("alice"); got != "[]" {
+		t.Fatalf("alice is indexed under %s, want no team", got)
+	}
+	if got := teams("carol"); got != "[t1 t2]" {
+		t.Fatalf("carol is indexed under %s, want [t1 t2]", got)
+	}
+	for _, c := range []*client{alice, bob, carol} {
+		c.mu.Lock()
+		c.pending, c.order = nil, nil
+		c.mu.Unlock()
+	}
+	h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Away, 9), Teams: []string{"t1", "t2"}, Via: "t1"})
+	alice.mu.Lock()
+	leaked := len(alice.pending)
+	alice.mu.Unlock()
+	if leaked != 0 {
+		t.Fatalf("alice, no longer in t1, was queued bob's change")
+	}
+	carol.mu.Lock()
+	got := fmt.Sprint(carol.pending)
+	carol.mu.Unlock()
+	if want := fmt.Sprint(map[string]protocol.Change{"bob": wireChange(change("bob", presence.Away, 9))}); got != want {
+		t.Fatalf("carol's outbox = %s, want %s", got, want)
+	}
+}
+
+// drain runs the queued jobs, and those they queue, on the caller's
+// goroutine (tests without the worker loop).
+func (w *worker) drain(ctx context.Context) {
+	for {
+		w.mu.Lock()
+		jobs := w.jobs
+		w.jobs = nil
+		w.mu.Unlock()
+		if len(jobs) == 0 {
+			return
+		}
+		for _, job := range jobs {
+			job(ctx)
+		}
+	}
+}
