@@ -22,7 +22,11 @@ export async function launch(args = []) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'greendot-cdp-'));
   const child = spawn(CHROMIUM, ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run',
     '--disable-background-networking', '--disable-component-update', '--disable-sync',
-    `--user-data-dir=${dir}`, '--remote-debugging-port=0', ...args, 'about:blank'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    `--user-data-dir=${dir}`, '--remote-debugging-port=0', ...args, 'about:blank'],
+  // Its own process group: close() kills the helpers (zygote, renderers,
+  // crashpad) with it, which would otherwise outlive it, keep writing into
+  // the profile and hold the stderr pipe, and so the test runner, open.
+  { stdio: ['ignore', 'ignore', 'pipe'], detached: true });
   let log = '';
   const url = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`Chromium printed no DevTools address in 20 s:\n${log}`)), 20000);
@@ -66,9 +70,16 @@ export async function launch(args = []) {
     },
     async close() {
       ws.close();
-      child.kill('SIGKILL');
-      await new Promise((resolve) => (child.exitCode !== null ? resolve() : child.once('exit', resolve)));
-      fs.rmSync(dir, { recursive: true, force: true });
+      const exited = new Promise((resolve) => (child.exitCode !== null || child.signalCode !== null ? resolve() : child.once('exit', resolve)));
+      try {
+        process.kill(-child.pid, 'SIGKILL');
+      } catch (err) {
+        if (err.code !== 'ESRCH') throw err;
+      }
+      await exited;
+      child.stderr.destroy();
+      // A helper killed with the group may still be flushing a file.
+      fs.rmSync(dir, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
     },
   };
 }
