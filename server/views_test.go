@@ -228,25 +228,8 @@ func staleDrops(t *testing.T, reg *prometheus.Registry) float64 {
 // its older state after it, which clients would drop as out of order.
 func TestJoinEventOvertakenByAChange(t *testing.T) {
 	ctx := context.Background()
-	mem, err := memstore.New(memstore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := socketlessServer()
-	s.metrics = newMetrics(prometheus.NewRegistry())
-	s.store = sharedMem{mem}
-	s.hub = newHub(s)
-	h := s.hub
-	for _, m := range [][2]string{{"t1", "alice"}, {"t0", "bob"}} {
-		if err := mem.AddMember(ctx, m[0], m[1]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	alice := &client{srv: s, user: "alice"}
-	alice.closed.Store(true) // no socket: writes are no-ops
-	if _, err := h.add(ctx, alice); err != nil {
-		t.Fatal(err)
-	}
+	h, mem, local := sharedHub(t, [][2]string{{"t1", "alice"}, {"t0", "bob"}})
+	alice := local("alice")
 	if err := mem.AddMember(ctx, "t1", "bob"); err != nil {
 		t.Fatal(err)
 	}
@@ -277,28 +260,7 @@ func TestJoinEventOvertakenByAChange(t *testing.T) {
 // under the team joins it.
 func TestResyncAppliesMissedMembership(t *testing.T) {
 	ctx := context.Background()
-	mem, err := memstore.New(memstore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := socketlessServer()
-	s.metrics = newMetrics(prometheus.NewRegistry())
-	s.store = sharedMem{mem}
-	s.hub = newHub(s)
-	h := s.hub
-	for _, m := range [][2]string{{"t1", "alice"}, {"t1", "bob"}, {"t2", "carol"}, {"t2", "bob"}} {
-		if err := mem.AddMember(ctx, m[0], m[1]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	local := func(user string) *client {
-		c := &client{srv: s, user: user}
-		c.closed.Store(true) // no socket: writes are no-ops
-		if _, err := h.add(ctx, c); err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	h, mem, local := sharedHub(t, [][2]string{{"t1", "alice"}, {"t1", "bob"}, {"t2", "carol"}, {"t2", "bob"}})
 	alice, bob, carol := local("alice"), local("bob"), local("carol")
 	// While the node heard nothing: alice left t1, carol joined it.
 	if err := mem.RemoveMember(ctx, "t1", "alice"); err != nil {
@@ -356,4 +318,35 @@ func (w *worker) drain(ctx context.Context) {
 			job(ctx)
 		}
 	}
+}
+
+// sharedHub is a hub on a memory store taken for a shared one (views on),
+// with the given memberships; local connects a socketless client. No
+// events flow by themselves: tests deliver them.
+func sharedHub(t *testing.T, members [][2]string) (*hub, *memstore.Store, func(user string) *client) {
+	t.Helper()
+	ctx := context.Background()
+	mem, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := socketlessServer()
+	s.metrics = newMetrics(prometheus.NewRegistry())
+	s.store = sharedMem{mem}
+	s.hub = newHub(s)
+	for _, m := range members {
+		if err := mem.AddMember(ctx, m[0], m[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	local := func(user string) *client {
+		t.Helper()
+		c := &client{srv: s, user: user}
+		c.closed.Store(true) // no socket: writes are no-ops
+		if _, err := s.hub.add(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	return s.hub, mem, local
 }
