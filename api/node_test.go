@@ -1,26 +1,19 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
-	"go.uber.org/goleak"
 
-	"github.com/greendot/greendot/internal/testwait"
+	"github.com/greendot/greendot/internal/nodetest"
 	"github.com/greendot/greendot/store/redisstore/redistest"
 )
 
@@ -28,33 +21,7 @@ import (
 // are checked against what `greendot serve` really serves.
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "greendot-api-")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "greendot")
-	build := exec.Command("go", "build", "-o", binary, "../cmd/greendot")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "api: go build ./cmd/greendot failed:", err)
-		os.Exit(1)
-	}
-	code := 0
-	func() {
-		defer os.RemoveAll(dir)
-		goleak.VerifyTestMain(exitCapture{&code, m})
-	}()
-	os.Exit(code)
-}
-
-// exitCapture lets TestMain clean up after goleak.VerifyTestMain, which exits.
-type exitCapture struct {
-	code *int
-	m    *testing.M
-}
-
-func (e exitCapture) Run() int { *e.code = e.m.Run(); return *e.code }
+func TestMain(m *testing.M) { nodetest.Main(m, &binary) }
 
 // storeKinds are the stores every live test runs on.
 var storeKinds = []string{"memory", "redis"}
@@ -64,9 +31,7 @@ type node struct {
 	t      *testing.T
 	addr   string
 	redis  *redistest.Server // nil on the memory store
-	cmd    *exec.Cmd
-	done   chan struct{} // closed when the process has exited
-	log    *syncBuffer
+	proc   *nodetest.Node
 	client *http.Client
 }
 
@@ -75,44 +40,16 @@ type node struct {
 // ready.
 func startNode(t *testing.T, storeKind string, flags ...string) *node {
 	t.Helper()
-	n := &node{t: t, addr: freeAddr(t), done: make(chan struct{}), log: &syncBuffer{},
-		client: &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}}
-	args := []string{"serve", "--addr", n.addr, "--store", storeKind, "--log-level", "warn"}
+	n := &node{t: t, client: &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}}
+	args := []string{"--store", storeKind, "--log-level", "warn"}
 	if storeKind == "redis" {
 		n.redis = redistest.Start(t)
 		args = append(args, "--redis-url", n.redis.URL())
 	}
-	n.cmd = exec.Command(binary, append(args, flags...)...)
-	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
-	n.cmd.SysProcAttr = redistest.DieWithParent()
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = n.cmd.Wait(); close(n.done) }()
-	t.Cleanup(func() {
-		_ = n.cmd.Process.Kill()
-		<-n.done
-		n.client.CloseIdleConnections()
-		if t.Failed() {
-			t.Logf("log of greendot (%s store):\n%s", storeKind, n.log.String())
-		}
-	})
-	testwait.For(t, 10*time.Second, func() error {
-		select {
-		case <-n.done:
-			t.Fatalf("greendot exited at start: %s", n.log.String())
-		default:
-		}
-		resp, err := n.client.Get(n.url("/readyz"))
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("greendot not ready: %d", resp.StatusCode)
-		}
-		return nil
-	})
+	// Registered before the process's cleanup, so it runs after the kill.
+	t.Cleanup(n.client.CloseIdleConnections)
+	n.proc = nodetest.Start(t, binary, "greendot ("+storeKind+" store)", append(args, flags...)...)
+	n.addr = n.proc.Addr
 	return n
 }
 
@@ -121,7 +58,7 @@ func (n *node) url(path string) string { return "http://" + n.addr + path }
 // drain sends SIGTERM: the node tells its clients to reconnect, answers 503
 // for a while, then exits.
 func (n *node) drain() {
-	if err := n.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := n.proc.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		n.t.Fatal(err)
 	}
 }
@@ -246,30 +183,3 @@ func (w *wsConn) readUntil(typ string) map[string]any {
 }
 
 func (w *wsConn) close() { _ = w.c.Close(websocket.StatusNormalClosure, "") }
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
