@@ -4,85 +4,39 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/greendot/greendot/client"
+	"github.com/greendot/greendot/internal/nodetest"
 	"github.com/greendot/greendot/internal/testwait"
-	"github.com/greendot/greendot/store/redisstore/redistest"
 )
 
+// binary is the greendot command built once for all tests.
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "greendot-e2e-")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "greendot")
-	build := exec.Command("go", "build", "-o", binary, "../cmd/greendot")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: go build ./cmd/greendot failed:", err)
-		os.Exit(1)
-	}
-	code := 0
-	func() {
-		defer os.RemoveAll(dir)
-		goleak.VerifyTestMain(exitCapture{&code, m})
-	}()
-	os.Exit(code)
-}
-
-// exitCapture lets TestMain clean up after goleak.VerifyTestMain, which exits.
-type exitCapture struct {
-	code *int
-	m    *testing.M
-}
-
-func (e exitCapture) Run() int { *e.code = e.m.Run(); return *e.code }
+func TestMain(m *testing.M) { nodetest.Main(m, &binary) }
 
 // node is one greendot process.
 type node struct {
 	t    *testing.T
 	name string
 	addr string
+	proc *nodetest.Node
+	// proc's, by the names the tests use
 	cmd  *exec.Cmd
-	done chan struct{}
-	log  *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	done chan struct{} // closed when the process has exited
+	log  *nodetest.SyncBuffer
 }
 
 type timing struct {
@@ -91,40 +45,14 @@ type timing struct {
 
 func startNode(t *testing.T, redisURL, name string, tm timing) *node {
 	t.Helper()
-	n := &node{t: t, name: name, addr: freeAddr(t), done: make(chan struct{}), log: &syncBuffer{}}
-	n.cmd = exec.Command(binary, "serve", "--addr", n.addr, "--store", "redis", "--redis-url", redisURL,
+	p := nodetest.Start(t, binary, name, "--store", "redis", "--redis-url", redisURL,
 		"--node-id", name, "--ttl", tm.ttl.String(), "--heartbeat-interval", tm.heartbeat.String(),
 		"--offline-grace", tm.grace.String())
-	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
-	n.cmd.SysProcAttr = redistest.DieWithParent()
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = n.cmd.Wait(); close(n.done) }()
-	t.Cleanup(func() {
-		n.kill()
-		if t.Failed() {
-			t.Logf("log of %s:\n%s", name, n.log.String())
-		}
-	})
-	checkFor(t, 10*time.Second, func() error {
-		if code, body := n.get("/readyz"); code != 200 {
-			return fmt.Errorf("%s not ready: %d %s", name, code, body)
-		}
-		return nil
-	})
-	return n
+	return &node{t: t, name: name, addr: p.Addr, proc: p, cmd: p.Cmd, done: p.Done, log: p.Log}
 }
 
-func (n *node) kill() {
-	select {
-	case <-n.done:
-		return
-	default:
-	}
-	_ = n.cmd.Process.Kill()
-	<-n.done
-}
+// kill ends the process at once, like a crash.
+func (n *node) kill() { n.proc.Kill() }
 
 func (n *node) sigterm() {
 	_ = n.cmd.Process.Signal(syscall.SIGTERM)
@@ -242,15 +170,7 @@ func (v *viewer) still(d time.Duration, want ...string) {
 // checkFor polls f until it returns nil or d has passed.
 var checkFor = testwait.For
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+var freeAddr = nodetest.FreeAddr
 
 func metric(n *node, name string) string {
 	_, body := n.get("/metrics")
