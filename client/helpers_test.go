@@ -1,18 +1,15 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +20,7 @@ import (
 	"github.com/coder/websocket"
 	"go.uber.org/goleak"
 
+	"github.com/greendot/greendot/internal/nodetest"
 	"github.com/greendot/greendot/internal/testwait"
 	"github.com/greendot/greendot/protocol"
 )
@@ -47,7 +45,7 @@ func (r mainRunner) Run() int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	serverBin, buildErr = buildServer(dir)
+	serverBin, buildErr = nodetest.Build(dir)
 	code := r.m.Run()
 	testHTTP.CloseIdleConnections()
 	http.DefaultClient.CloseIdleConnections()
@@ -60,22 +58,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(mainRunner{m}, goleak.IgnoreTopFunction("github.com/lesismal/nbio/taskpool.New.func3"))
 }
 
-// buildServer builds ./cmd/greendot from the module root into dir.
-func buildServer(dir string) (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	bin := filepath.Join(dir, "greendot")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/greendot")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/greendot: %w\n%s", err, out)
-	}
-	return bin, nil
-}
-
 // checkFor polls f until it returns nil or d has passed.
 var checkFor = testwait.For
 
@@ -84,7 +66,7 @@ type testServer struct {
 	t    testing.TB
 	addr string
 	args []string
-	log  syncBuffer
+	log  nodetest.SyncBuffer
 
 	mu  sync.Mutex
 	cmd *exec.Cmd // guarded by mu: the running process, nil when stopped
@@ -97,12 +79,7 @@ func startServer(t testing.TB, extra ...string) *testServer {
 	if buildErr != nil {
 		t.Fatalf("the server did not build: %v", buildErr)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := nodetest.FreeAddr(t)
 	s := &testServer{t: t, addr: addr, args: append([]string{"serve", "--addr", addr,
 		"--ttl", "2s", "--heartbeat-interval", "500ms", "--offline-grace", "300ms"}, extra...)}
 	t.Cleanup(func() {
@@ -189,23 +166,6 @@ func (s *testServer) join(team string, users ...string) {
 			s.t.Fatalf("PUT team %s member %s: %s, want 204", team, u, resp.Status)
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // testOptions are quick to reconnect and log to the test.
