@@ -1,5 +1,7 @@
 // Test helpers: a real `greendot serve` process on a free port, polling with
-// deadlines, HS256 tokens, and clients that clean up after themselves.
+// deadlines, where Chromium is, HS256 tokens, and clients that clean up after
+// themselves. clients/react's tests import the server, polling and Chromium
+// helpers from here too.
 
 import { spawn, execFileSync } from 'node:child_process';
 import crypto from 'node:crypto';
@@ -8,8 +10,21 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { WebSocket } from 'ws';
 import { GreendotClient } from '../greendot.js';
+
+// ws is a devDependency of this package only: clients/react's tests load this
+// file with their own packages installed, so it is loaded when present and
+// the helpers that need it say what is missing when it is not.
+let WebSocket = null;
+try {
+  ({ WebSocket } = await import('ws'));
+} catch (err) {
+  if (err.code !== 'ERR_MODULE_NOT_FOUND') throw err;
+}
+function wsClass() {
+  if (!WebSocket) throw new Error('the ws package is missing: run `npm ci` in clients/js');
+  return WebSocket;
+}
 
 export const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 
@@ -28,6 +43,15 @@ export function greendotBinary() {
   process.on('exit', () => fs.rmSync(dir, { recursive: true, force: true }));
   builtBinary = bin;
   return bin;
+}
+
+/** Debian's Chromium, or $GREENDOT_CHROMIUM; the tests never download a browser. */
+export const CHROMIUM = process.env.GREENDOT_CHROMIUM || '/usr/bin/chromium';
+
+/** Why tests fail without Chromium; the caller names them, e.g. 'the React tests'. */
+export function noChromium(tests = 'the browser tests') {
+  return `no Chromium at ${CHROMIUM}: ${tests} need Debian's package, ` +
+    'install it with `apt-get install -y chromium` (the tests never download a browser)';
 }
 
 /** A TCP port free right now on 127.0.0.1. */
@@ -137,8 +161,10 @@ export async function addMember(server, team, user, { apiKey } = {}) {
   if (res.status !== 204) throw new Error(`PUT member ${team}/${user}: ${res.status} ${body}`);
 }
 
-export async function getJSON(server, pathname) {
-  const res = await fetch(server.http + pathname);
+/** GET pathname (with the API key, if given); the parsed JSON body, expecting 200. */
+export async function getJSON(server, pathname, { apiKey } = {}) {
+  const headers = apiKey ? { authorization: `Bearer ${apiKey}` } : {};
+  const res = await fetch(server.http + pathname, { headers });
   const body = await res.text();
   if (res.status !== 200) throw new Error(`GET ${pathname}: ${res.status} ${body}`);
   return JSON.parse(body);
@@ -161,7 +187,7 @@ export function recordingWebSocket() {
   const sent = [];
   const received = [];
   const sockets = [];
-  class RecordingWebSocket extends WebSocket {
+  class RecordingWebSocket extends wsClass() {
     constructor(url, ...rest) {
       super(url, ...rest);
       sockets.push(this);
@@ -187,7 +213,7 @@ export function clients(t) {
   const made = [];
   t.after(() => { for (const c of made) c.close(); });
   return (opts) => {
-    const c = new GreendotClient({ WebSocket, idle: false, ...opts });
+    const c = new GreendotClient({ WebSocket: opts?.WebSocket ?? wsClass(), idle: false, ...opts });
     c.states = [];
     c.changes = [];
     c.errors = [];
