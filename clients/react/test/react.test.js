@@ -7,15 +7,13 @@ import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
-import { addMember, getJSON, startServer, waitFor } from './helpers.js';
+import { CHROMIUM, addMember, getJSON, noChromium, startServer, waitFor } from '../../js/test/helpers.js';
 import { startPage } from './page.js';
 
-const CHROMIUM = process.env.GREENDOT_CHROMIUM || '/usr/bin/chromium';
 const ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
   '--disable-background-networking', '--disable-component-update', '--disable-sync'];
 const COLORS = { online: 'rgb(34, 197, 94)', away: 'rgb(234, 179, 8)', offline: 'rgb(156, 163, 175)' };
-const NO_CHROMIUM = `no Chromium at ${CHROMIUM}: the React tests need Debian's package, ` +
-  'install it with `apt-get install -y chromium` (the tests never download a browser)';
+const NO_CHROMIUM = noChromium('the React tests');
 const API_KEY = 'test-api-key';
 
 // A failed test, not only a failed hook, so that a missing browser never passes unnoticed.
@@ -36,7 +34,7 @@ describe('greendot-react in Chromium', { timeout: 120000 }, () => {
     // eng: alice, bob and dave (never connects); ops: alice and carol.
     for (const [team, user] of [['eng', 'alice'], ['eng', 'bob'], ['eng', 'dave'], ['ops', 'alice'], ['ops', 'carol'],
       ['eng', 'frank'], ['eng', 'gina']]) {
-      await addMember(server, API_KEY, team, user);
+      await addMember(server, team, user, { apiKey: API_KEY });
     }
     page = await startPage(server, API_KEY);
     browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ARGS });
@@ -180,7 +178,7 @@ describe('greendot-react in Chromium', { timeout: 120000 }, () => {
     await expectTeam(alice, ['alice:online'], 'bob offline: out of the list');
 
     // carol joins eng while alice already sees her (ops): no frame says so; refresh() does.
-    await addMember(server, API_KEY, 'eng', 'carol');
+    await addMember(server, 'eng', 'carol', { apiKey: API_KEY });
     await alice.click('#refresh');
     await expectTeam(alice, ['alice:online', 'carol:online'], 'after refresh');
     assert.equal((await team(alice)).count, '6');
@@ -238,10 +236,10 @@ describe('greendot-react in Chromium', { timeout: 120000 }, () => {
     const frank = await open('frank');
     await frank.evaluate((url) => window.gdt.mount({ url, user: 'frank', conn: true, strict: true }), server.ws);
     await openConn(frank);
-    const conns = async () => (await getJSON(server, API_KEY, '/v1/users/frank/presence')).connection_count;
+    const conns = async () => (await getJSON(server, '/v1/users/frank/presence', { apiKey: API_KEY })).connection_count;
     await waitFor(async () => (await conns()) === 1, { message: async () => `frank with one connection (${await conns()})` });
     await frank.evaluate(() => window.gdt.unmount());
-    await waitFor(async () => (await getJSON(server, API_KEY, '/v1/users/frank/presence')).state === 'offline', {
+    await waitFor(async () => (await getJSON(server, '/v1/users/frank/presence', { apiKey: API_KEY })).state === 'offline', {
       message: 'frank offline after the unmount',
     });
     await frank.context().close();
