@@ -51,6 +51,7 @@ const (
 	CodeUnavailable  = "unavailable"
 	CodeInternal     = "internal"
 	CodeMethod       = "method_not_allowed"
+	CodeHeadTooLarge = "header_too_large" // HTTP only: 431, request line and headers over 16 KiB
 )
 
 // WebSocket close codes used by the server.

@@ -23,6 +23,10 @@ const (
 	reasonRecovering   = "recovering"
 	reasonStale        = "stale"
 	reasonSlow         = "slow_consumer"
+
+	// HTTP requests refused before their handler (server.go, onData).
+	reasonHeadTooLarge     = "header_too_large"
+	reasonBodyUnauthorized = "body_without_api_key"
 )
 
 type metrics struct {
@@ -32,6 +36,7 @@ type metrics struct {
 	frames             *prometheus.CounterVec
 	framesRejected     *prometheus.CounterVec
 	connectsRejected   *prometheus.CounterVec
+	httpRefused        *prometheus.CounterVec
 	heartbeatGap       prometheus.Histogram
 	expirations        prometheus.Counter
 	detectionLag       prometheus.Histogram
@@ -68,6 +73,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Client frames refused, by reason."}, []string{"reason"}),
 		connectsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "connects_rejected_total",
 			Help: "Connection attempts refused before the upgrade, by reason."}, []string{"reason"}),
+		httpRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "http_requests_refused_total",
+			Help: "HTTP requests refused, and their connections closed, before a handler ran, by reason."}, []string{"reason"}),
 		heartbeatGap: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "heartbeat_gap_seconds",
 			Help:    "Time between consecutive frames of a connection.",
 			Buckets: []float64{0.5, 1, 2.5, 5, 7.5, 10, 12.5, 15, 20, 25, 30, 60}}),
@@ -105,7 +112,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Changes queued by resyncs: only what differed from what viewers held."}),
 	}
 	reg.MustRegister(m.connections, m.usersOnline, m.heartbeats, m.frames, m.framesRejected,
-		m.connectsRejected, m.heartbeatGap, m.expirations, m.detectionLag, m.graceStarted,
+		m.connectsRejected, m.httpRefused, m.heartbeatGap, m.expirations, m.detectionLag, m.graceStarted,
 		m.graceCancellations, m.changes, m.fanout, m.deliveries, m.coalesced, m.dropped,
 		m.slowDisconnects, m.storeLatency, m.storeErrors, m.resyncs, m.resyncDeliveries,
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: ns}),
@@ -120,6 +127,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, s := range []string{"online", "away", "offline"} {
 		m.changes.WithLabelValues(s)
 	}
+	m.httpRefused.WithLabelValues(reasonHeadTooLarge)
+	m.httpRefused.WithLabelValues(reasonBodyUnauthorized)
 	m.dropped.WithLabelValues(reasonStale)
 	m.dropped.WithLabelValues(reasonSlow)
 	m.heartbeatFrames = m.frames.WithLabelValues(protocol.TypeHeartbeat)

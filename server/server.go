@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lesismal/nbio"
 	"github.com/lesismal/nbio/logging"
 	"github.com/lesismal/nbio/nbhttp"
 	"github.com/lesismal/nbio/nbhttp/websocket"
@@ -85,6 +87,8 @@ type Server struct {
 	pool       *workPool
 	ln         net.Listener
 	addr       string
+
+	refusedLog throttledLog
 
 	draining atomic.Bool
 	stopOnce sync.Once
@@ -201,11 +205,14 @@ func (s *Server) Start() error {
 		// A reader that lets this much pile up unsent is disconnected.
 		MaxWriteBufferSize: s.cfg.MaxWriteBuffer,
 		ReadBufferSize:     16 << 10,
-		MaxHTTPBodySize:    4 << 20, // above the API's 1 MiB, so it answers 413 itself
-		KeepaliveTime:      2 * time.Minute,
+		MaxHTTPBodySize:    maxBody,
+		// What the parser buffers at once: a whole body and its head. The
+		// head alone is bounded tighter by onData.
+		ReadLimit:     maxBody + 2*maxRequestHead,
+		KeepaliveTime: 2 * time.Minute,
 	}
 	s.engine = nbhttp.NewEngine(ncfg)
-	raceVisibleData(s.engine)
+	s.engine.OnData(s.onData)
 	if err := s.engine.Start(); err != nil {
 		_ = ln.Close()
 		s.pool.close()
@@ -378,4 +385,150 @@ func randomID(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms
 	return hex.EncodeToString(b)
+}
+
+// maxRequestHead bounds the request line and headers of an HTTP request.
+// nbio itself only bounds what it buffers (ReadLimit), and that must hold a
+// whole body, so without this a client could keep a connection buffering
+// megabytes of headers before any handler runs.
+const maxRequestHead = 16 << 10
+
+// maxBody bounds what nbio buffers of a request body (it buffers a body
+// whole before the handler runs). Above the query route's own 1 MiB, so
+// that route answers 413 itself.
+const maxBody = 4 << 20
+
+// onData feeds a connection's bytes to nbio's parser, through a requestGate
+// while the connection speaks HTTP.
+func (s *Server) onData(c *nbio.Conn, data []byte) {
+	handover()
+	p, ok := c.Session().(*nbhttp.Parser)
+	if !ok {
+		c.DataHandler()(c, data)
+		return
+	}
+	g, ok := p.Processor.(*requestGate)
+	if !ok {
+		// The parser's first bytes: nbio made its processor just before.
+		g = &requestGate{Processor: p.Processor, apiKey: s.cfg.APIKey}
+		p.Processor = g
+	}
+	if g.upgraded {
+		c.DataHandler()(c, data)
+		return
+	}
+	if g.refused {
+		return // closing: nothing more is read
+	}
+	if !g.inBody {
+		g.head += len(data)
+	}
+	c.DataHandler()(c, data)
+	switch {
+	case g.upgraded:
+	case !g.inBody && g.head > maxRequestHead:
+		// Checked after the parse, so one read (ReadBufferSize) may pass
+		// the limit: the head buffered stays under limit + one read.
+		s.refuse(c, g, http.StatusRequestHeaderFieldsTooLarge, protocol.CodeHeadTooLarge,
+			"request line and headers over 16 KiB", reasonHeadTooLarge)
+	case g.inBody && g.needsKey:
+		s.refuse(c, g, http.StatusUnauthorized, protocol.CodeUnauthorized,
+			"a request body needs the API key (Authorization: Bearer <key>)", reasonBodyUnauthorized)
+	}
+}
+
+// refuse answers a request the gate stopped before its handler, and closes
+// the connection: the rest of the request is never read.
+func (s *Server) refuse(c *nbio.Conn, g *requestGate, status int, code, msg, reason string) {
+	g.refused = true
+	s.metrics.httpRefused.WithLabelValues(reason).Inc()
+	s.refusedLog.note(s.log, reason)
+	b, _ := json.Marshal(map[string]map[string]string{"error": {"code": code, "message": msg}})
+	b = append(b, '\n')
+	head := fmt.Sprintf("HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n",
+		status, http.StatusText(status), len(b))
+	_, _ = c.Write(append([]byte(head), b...))
+	_ = c.CloseWithError(errRefused)
+}
+
+var errRefused = errors.New("server: request refused before its handler")
+
+// requestGate wraps nbio's request processor of one connection to see where
+// the parser is: in a request's head, or in its body. It only observes;
+// onData acts on what it saw. nbio calls it on the connection's poller
+// goroutine, as it calls onData.
+type requestGate struct {
+	nbhttp.Processor
+	apiKey string
+
+	head     int  // bytes read since the current request's head began (about)
+	inBody   bool // the head is complete; the body is being read
+	sawKey   bool // an Authorization header was seen
+	keyOK    bool // the first one carries the API key
+	bodyNext bool // the head announces a body
+	needsKey bool // a body without the API key, when one is required
+	upgrade  bool // the head asks for a protocol upgrade
+	upgraded bool // an upgrade request was handed over: WebSocket frames follow
+	refused  bool
+}
+
+func (g *requestGate) OnMethod(p *nbhttp.Parser, method string) {
+	*g = requestGate{Processor: g.Processor, apiKey: g.apiKey, head: g.head}
+	g.Processor.OnMethod(p, method)
+}
+
+func (g *requestGate) OnHeader(p *nbhttp.Parser, key, value string) {
+	switch key {
+	case "Authorization":
+		if !g.sawKey { // the handlers read the first one too
+			g.sawKey = true
+			g.keyOK = apiKeyOK(g.apiKey, &http.Request{Header: http.Header{key: {value}}})
+		}
+	case "Transfer-Encoding":
+		g.bodyNext = true
+	case "Upgrade":
+		g.upgrade = true
+	}
+	g.Processor.OnHeader(p, key, value)
+}
+
+// OnContentLength is nbio's call at the end of a head.
+func (g *requestGate) OnContentLength(p *nbhttp.Parser, n int) {
+	g.inBody, g.head = true, 0
+	g.needsKey = g.apiKey != "" && !g.keyOK && (n > 0 || g.bodyNext)
+	g.Processor.OnContentLength(p, n)
+}
+
+func (g *requestGate) OnComplete(p *nbhttp.Parser) {
+	g.inBody, g.head, g.needsKey = false, 0, false
+	// From here on the bytes may be WebSocket frames: the handler (on a
+	// worker) may upgrade at any moment. A refused upgrade closes the
+	// connection (see handleConnect), so no later request goes ungated.
+	g.upgraded = g.upgrade
+	g.Processor.OnComplete(p)
+}
+
+// throttledLog logs refusals at most once a minute, with their counts, so
+// a flood of hostile connections cannot flood the log.
+type throttledLog struct {
+	mu     sync.Mutex
+	last   time.Time
+	counts map[string]int
+}
+
+func (t *throttledLog) note(log *slog.Logger, reason string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.counts == nil {
+		t.counts = make(map[string]int)
+	}
+	t.counts[reason]++
+	if now := time.Now(); now.Sub(t.last) >= time.Minute {
+		args := []any{"interval", "1m"}
+		for r, n := range t.counts {
+			args = append(args, r, n)
+		}
+		log.Warn("refused HTTP requests before their handler (head over 16 KiB, or a body without the API key)", args...)
+		t.last, t.counts = now, nil
+	}
 }

@@ -56,6 +56,12 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 // handleConnect authenticates, upgrades, registers the connection and sends
 // welcome and snapshot.
 func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
+	// A refused connect closes its connection: the request gate stops
+	// reading a connection as HTTP once an upgrade request is handed over
+	// (server.go, onData). An upgrade hijacks the connection and sends its
+	// own headers, so this only reaches refusals.
+	w.Header().Set("Connection", "close")
+	r.Close = true
 	if s.draining.Load() {
 		s.metrics.connectsRejected.WithLabelValues(reasonDraining).Inc()
 		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "this node is draining; connect to another")
