@@ -52,6 +52,11 @@ const (
 	CodeInternal     = "internal"
 	CodeMethod       = "method_not_allowed"
 	CodeHeadTooLarge = "header_too_large" // HTTP only: 431, request line and headers over 16 KiB
+	// HTTP only, at /v1/connect: 429, the user's connections on this node
+	// are at --max-connections-per-user.
+	CodeTooManyConns = "too_many_connections"
+	// HTTP only, at /v1/connect: 403, an Origin not in --allowed-origins.
+	CodeForbiddenOrigin = "forbidden_origin"
 )
 
 // WebSocket close codes used by the server.

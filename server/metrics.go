@@ -24,6 +24,9 @@ const (
 	reasonStale        = "stale"
 	reasonSlow         = "slow_consumer"
 
+	reasonTooManyConns    = "too_many_connections"
+	reasonForbiddenOrigin = "forbidden_origin"
+
 	// HTTP requests refused before their handler (server.go, onData).
 	reasonHeadTooLarge     = "header_too_large"
 	reasonBodyUnauthorized = "body_without_api_key"

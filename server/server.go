@@ -65,10 +65,17 @@ type Config struct {
 	// and being retried. 64 and 3s.
 	MaxConnecting    int
 	ConnectQueueWait time.Duration
-	Static           http.Handler // serves the demo page at /, if set
-	Logger           *slog.Logger
-	Registry         *prometheus.Registry // metrics; a new registry when nil
-	Now              func() time.Time
+	// MaxConnectionsPerUser bounds one user's live connections on this node
+	// (not across nodes): the next connect gets 429. 20; <0 unlimited.
+	MaxConnectionsPerUser int
+	// AllowedOrigins, when not empty, lists the only Origin values (exact
+	// scheme://host[:port], see ParseOrigins) an upgrade may carry; an
+	// upgrade without Origin (not from a browser) is let through.
+	AllowedOrigins []string
+	Static         http.Handler // serves the demo page at /, if set
+	Logger         *slog.Logger
+	Registry       *prometheus.Registry // metrics; a new registry when nil
+	Now            func() time.Time
 }
 
 // Server is one greendot node.
@@ -82,11 +89,17 @@ type Server struct {
 	hub     *hub
 
 	upgrader   *websocket.Upgrader
-	connecting chan struct{} // a slot per connect being registered
-	engine     *nbhttp.Engine
-	pool       *workPool
-	ln         net.Listener
-	addr       string
+	connecting chan struct{}       // a slot per connect being registered
+	origins    map[string]struct{} // AllowedOrigins, lower case; empty: any
+
+	// Connects past the per-user check and not yet in the hub, by user
+	// (see reserveConn).
+	userMu      sync.Mutex
+	userPending map[string]int
+	engine      *nbhttp.Engine
+	pool        *workPool
+	ln          net.Listener
+	addr        string
 
 	refusedLog throttledLog
 
@@ -112,6 +125,17 @@ func New(cfg Config) (*Server, error) {
 	setDefault(&cfg.ConnectQueueWait, 3*time.Second)
 	if cfg.MaxConnecting <= 0 {
 		cfg.MaxConnecting = 64
+	}
+	if cfg.MaxConnectionsPerUser == 0 {
+		cfg.MaxConnectionsPerUser = 20
+	}
+	origins := make(map[string]struct{}, len(cfg.AllowedOrigins))
+	for _, o := range cfg.AllowedOrigins {
+		norm, err := parseOrigin(o)
+		if err != nil {
+			return nil, fmt.Errorf("server: allowed origins: %w", err)
+		}
+		origins[norm] = struct{}{}
 	}
 	if cfg.Grace < 0 {
 		return nil, errors.New("server: offline grace must not be negative")
@@ -157,6 +181,9 @@ func New(cfg Config) (*Server, error) {
 		auth:  newAuthenticator(cfg.JWTSecret, cfg.Now),
 		reg:   cfg.Registry,
 		stop:  make(chan struct{}),
+
+		origins:     origins,
+		userPending: make(map[string]int),
 	}
 	s.metrics = newMetrics(cfg.Registry)
 	if c, ok := cfg.Store.(store.MetricsSource); ok {

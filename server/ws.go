@@ -5,7 +5,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -67,6 +69,11 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "this node is draining; connect to another")
 		return
 	}
+	if !s.originAllowed(r) {
+		s.metrics.connectsRejected.WithLabelValues(reasonForbiddenOrigin).Inc()
+		writeError(w, http.StatusForbidden, protocol.CodeForbiddenOrigin, "this Origin may not connect (see --allowed-origins)")
+		return
+	}
 	id, err := s.auth.authenticate(r)
 	if err != nil {
 		var bad badIDError
@@ -110,6 +117,14 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, "token expired")
 		return
 	}
+	release, ok := s.reserveConn(id.userID)
+	if !ok {
+		s.metrics.connectsRejected.WithLabelValues(reasonTooManyConns).Inc()
+		writeError(w, http.StatusTooManyRequests, protocol.CodeTooManyConns,
+			fmt.Sprintf("this user already has %d connections on this node; close one first", s.cfg.MaxConnectionsPerUser))
+		return
+	}
+	defer release()
 	if !s.admit() {
 		s.metrics.connectsRejected.WithLabelValues(reasonOverloaded).Inc()
 		w.Header().Set("Retry-After", "1")
@@ -148,6 +163,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	teams, err := s.hub.add(ctx, c)
+	release() // the hub counts c from here on
 	if err == nil {
 		err = s.timed(store.OpConnect, func() error {
 			return s.store.Connect(ctx, presence.Conn{ID: c.id, UserID: c.user, Device: c.device, Node: s.cfg.NodeID})
@@ -196,6 +212,85 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	if !id.expiry.IsZero() {
 		c.setExpiry(id.expiry.Sub(now))
 	}
+}
+
+// reserveConn counts a connect of user against MaxConnectionsPerUser: the
+// user's connections in the hub plus their connects still on the way there,
+// so that simultaneous connects cannot all pass. release, idempotent, ends
+// the reservation once the connection is in the hub or has failed; counting
+// it twice meanwhile errs on the side of refusing.
+func (s *Server) reserveConn(user string) (release func(), ok bool) {
+	max := s.cfg.MaxConnectionsPerUser
+	if max < 0 {
+		return func() {}, true
+	}
+	s.userMu.Lock()
+	defer s.userMu.Unlock()
+	live := 0
+	s.hub.mu.RLock()
+	if lu := s.hub.users[user]; lu != nil {
+		live = len(lu.conns)
+	}
+	s.hub.mu.RUnlock()
+	if live+s.userPending[user] >= max {
+		return nil, false
+	}
+	s.userPending[user]++
+	done := false // release runs on the connect's goroutine only
+	return func() {
+		if done {
+			return
+		}
+		done = true
+		s.userMu.Lock()
+		defer s.userMu.Unlock()
+		if s.userPending[user]--; s.userPending[user] <= 0 {
+			delete(s.userPending, user)
+		}
+	}, true
+}
+
+// originAllowed checks an upgrade's Origin against AllowedOrigins. Only
+// browsers send Origin, and they always do on a WebSocket: a request
+// without one is not a page of another site, so it passes.
+func (s *Server) originAllowed(r *http.Request) bool {
+	if len(s.origins) == 0 {
+		return true
+	}
+	o, sent := r.Header["Origin"]
+	if !sent {
+		return true
+	}
+	_, ok := s.origins[strings.ToLower(o[0])]
+	return ok
+}
+
+// ParseOrigins splits a comma-separated list of origins (the
+// --allowed-origins flag), each scheme://host[:port] as browsers send it;
+// empty entries are skipped.
+func ParseOrigins(list string) ([]string, error) {
+	var out []string
+	for _, o := range strings.Split(list, ",") {
+		if o = strings.TrimSpace(o); o == "" {
+			continue
+		}
+		if _, err := parseOrigin(o); err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+// parseOrigin checks that o is scheme://host[:port] and lowers its case
+// (scheme and host are case-insensitive; browsers send them in lower case).
+func parseOrigin(o string) (string, error) {
+	u, err := url.Parse(o)
+	if err != nil || u.Scheme == "" || u.Host == "" || u.User != nil || u.Path != "" ||
+		u.RawQuery != "" || u.Fragment != "" || strings.HasSuffix(o, "?") || strings.HasSuffix(o, "#") {
+		return "", fmt.Errorf("%q is not an origin: want scheme://host[:port], e.g. https://app.example.com, with no path", o)
+	}
+	return strings.ToLower(o), nil
 }
 
 // admit takes a connect slot, waiting up to ConnectQueueWait for one.

@@ -87,6 +87,9 @@ type serveOptions struct {
 	logLevel          string
 	pprofAddr         string
 	maxConnecting     int
+	maxUserConns      int
+	allowedOrigins    string
+	origins           []string // allowedOrigins, parsed by validate
 }
 
 func serveFlags(o *serveOptions) *flag.FlagSet {
@@ -103,6 +106,8 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs.StringVar(&o.apiKey, "api-key", "", "bearer key required on the HTTP API (all /v1 routes but /v1/connect)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&o.maxConnecting, "max-connecting", 64, "connects a node registers at once; more wait up to 3s, then get 503")
+	fs.IntVar(&o.maxUserConns, "max-connections-per-user", 20, "live connections one user may hold on this node (per node, not cluster-wide); the next gets 429; 0 = unlimited")
+	fs.StringVar(&o.allowedOrigins, "allowed-origins", "", "comma-separated origins (exact scheme://host[:port]) whose pages may open WebSockets; empty = any")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060); off when empty")
 	return fs
 }
@@ -148,7 +153,14 @@ func (o *serveOptions) validate() error {
 		return fmt.Errorf("--forget-after (%v) must be 0 (never) or at least --offline-grace (%v)", o.forgetAfter, o.grace)
 	case o.maxConnecting < 1:
 		return fmt.Errorf("--max-connecting must be at least 1, got %d", o.maxConnecting)
+	case o.maxUserConns < 0:
+		return fmt.Errorf("--max-connections-per-user must be 0 (unlimited) or more, got %d", o.maxUserConns)
 	}
+	origins, err := server.ParseOrigins(o.allowedOrigins)
+	if err != nil {
+		return fmt.Errorf("--allowed-origins: %v", err)
+	}
+	o.origins = origins
 	switch o.storeKind {
 	case "memory":
 	case "redis":
@@ -209,18 +221,24 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		st = ms
 	}
 
+	userConns := o.maxUserConns
+	if userConns == 0 {
+		userConns = -1 // the flag's 0 is unlimited; Config's 0 means its default
+	}
 	srv, err := server.New(server.Config{
-		Addr:              o.addr,
-		Store:             st,
-		NodeID:            o.nodeID,
-		TTL:               o.ttl,
-		HeartbeatInterval: o.heartbeatInterval,
-		Grace:             o.grace,
-		JWTSecret:         o.jwtSecret,
-		APIKey:            o.apiKey,
-		MaxConnecting:     o.maxConnecting,
-		Static:            greendot.DemoHandler(),
-		Logger:            log,
+		Addr:                  o.addr,
+		Store:                 st,
+		NodeID:                o.nodeID,
+		TTL:                   o.ttl,
+		HeartbeatInterval:     o.heartbeatInterval,
+		Grace:                 o.grace,
+		JWTSecret:             o.jwtSecret,
+		APIKey:                o.apiKey,
+		MaxConnecting:         o.maxConnecting,
+		MaxConnectionsPerUser: userConns,
+		AllowedOrigins:        o.origins,
+		Static:                greendot.DemoHandler(),
+		Logger:                log,
 	})
 	if err != nil {
 		return err
