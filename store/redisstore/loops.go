@@ -245,6 +245,7 @@ func (s *Store) healthLoop() {
 					// tells viewers so; it waits, and so do the resyncs
 					// asked for meanwhile.
 					resyncAt = time.Now().Add(s.cfg.HoldOff)
+					s.awaitingResync.Store(true)
 				} else {
 					s.resync(ctx)
 				}
@@ -255,6 +256,7 @@ func (s *Store) healthLoop() {
 				resyncAt = time.Time{}
 				s.needResync.Store(false)
 				s.resync(ctx)
+				s.awaitingResync.Store(false)
 			}
 		default:
 			s.m.up.Set(1)

@@ -104,11 +104,15 @@ type Store struct {
 	lostData atomic.Bool
 	// emptied: the shards (bit per shard) whose last sweep found them in a
 	// data loss's hold-off; see Intact.
-	emptied    atomic.Uint64
-	forgetNext atomic.Int64  // UnixNano before which Sweep does not forget (pacing only)
-	stop       chan struct{} // closed by Close; never sent on
-	wg         sync.WaitGroup
-	closed     atomic.Bool
+	emptied atomic.Uint64
+	// awaitingResync: this node knows Redis lost its data and waits out
+	// the hold-off before it resyncs; until then its own view of the
+	// membership may be the one from before the loss. See Intact.
+	awaitingResync atomic.Bool
+	forgetNext     atomic.Int64  // UnixNano before which Sweep does not forget (pacing only)
+	stop           chan struct{} // closed by Close; never sent on
+	wg             sync.WaitGroup
+	closed         atomic.Bool
 }
 
 var (
@@ -238,8 +242,13 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 // connections back, a read would take their users for offline; the hold-off
 // bounds that. Known from the sweeps, so it costs no round trip; a loss is
 // seen from the first sweep after it (a tenth of a second).
+//
+// It holds until this node's own resync after the loss, too: the hold-off
+// it waits out starts when it recovered, which may be after the sweep that
+// marked the shards, and meanwhile what it holds of the membership (the
+// server's team index) may be the one from before the loss.
 func (s *Store) Intact() error {
-	if s.emptied.Load() != 0 {
+	if s.emptied.Load() != 0 || s.awaitingResync.Load() {
 		return ErrRecovering
 	}
 	return nil

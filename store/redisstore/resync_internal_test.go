@@ -214,3 +214,37 @@ type resyncProbe struct {
 }
 
 func (p resyncProbe) OnResync(func(string) uint64) { p.probe() }
+
+// After Redis lost its data the node's reads stay refused (Intact) until
+// its own resync has been asked for, not only until the shards' hold-off
+// mark expires: the node waits out a hold-off of its own from when it
+// recovered, and until it resyncs, what the server holds of the
+// membership may be the one from before the loss.
+func TestIntactOnlyAfterTheResyncOfALoss(t *testing.T) {
+	r := redistest.Start(t)
+	s, h := mkResync(t, r.URL(), "a")
+	must(t, s.Connect(context.Background(), presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	testwait.For(t, 5*time.Second, func() error { return s.Intact() })
+	before := h.resyncs()
+	r.Stop()
+	r.Restart() // empty: no persistence
+	testwait.For(t, 10*time.Second, func() error {
+		_ = s.Sweep(context.Background()) // marks the emptied shards
+		if s.Intact() == nil {
+			return fmt.Errorf("the loss is not seen yet")
+		}
+		return nil
+	})
+	// The node finds itself missing at its next beat, recovers, waits out
+	// its hold-off and resyncs; the shards' mark expires meanwhile.
+	testwait.For(t, 10*time.Second, func() error {
+		_ = s.Sweep(context.Background()) // the server sweeps; here the test does
+		if s.Intact() == nil {
+			if h.resyncs() == before {
+				t.Fatalf("reads were allowed again before the node's resync after the loss")
+			}
+			return nil
+		}
+		return fmt.Errorf("still recovering")
+	})
+}
