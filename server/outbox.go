@@ -63,16 +63,17 @@ type client struct {
 	expiry      *time.Timer // token expiry; nil without exp
 }
 
-// allow applies the token-bucket rate limit to one frame.
-func (c *client) allow(now time.Time) bool {
+// allow applies the token-bucket rate limit to something that costs cost
+// tokens: a frame or a WebSocket ping costs 1, a query 1 more per 10 ids.
+func (c *client) allow(now time.Time, cost int) bool {
 	cfg := &c.srv.cfg
 	c.tokens += now.Sub(c.refilled).Seconds() * cfg.RateLimit
 	if c.tokens > float64(cfg.RateBurst) {
 		c.tokens = float64(cfg.RateBurst)
 	}
 	c.refilled = now
-	if c.tokens >= 1 {
-		c.tokens--
+	if c.tokens >= float64(cost) {
+		c.tokens -= float64(cost)
 		c.limited = 0
 		return true
 	}

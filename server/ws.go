@@ -435,7 +435,7 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 	}
 	now := s.cfg.Now()
 	s.signOfLife(c, now)
-	if !c.allow(now) {
+	if !c.allow(now, 1) {
 		return
 	}
 	f, err := protocol.DecodeClientFrame(data)
@@ -484,6 +484,11 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		s.metrics.frames.WithLabelValues(protocol.TypeQuery).Inc()
+		// One token per 10 ids (DESIGN.md, Limits), the frame's own included:
+		// a big query costs what the store work it causes is worth.
+		if extra := queryCost(len(f.Query.UserIDs)) - 1; extra > 0 && !c.allow(now, extra) {
+			return
+		}
 		s.answerQuery(ctx, c, f.Query)
 	}
 }
@@ -534,22 +539,17 @@ func (s *Server) answerQuery(ctx context.Context, c *client, q *protocol.Query) 
 			return
 		}
 	}
-	viewerTeams := s.hub.teamsOf(c.user)
+	shared, err := s.sharesTeamWith(ctx, c.user, q.UserIDs)
+	if err != nil {
+		c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: "store unavailable"})
+		return
+	}
 	users := make([]protocol.UserPresence, len(q.UserIDs))
 	var visible []string
 	var visibleAt []int
 	for i, id := range q.UserIDs {
 		users[i] = protocol.UserPresence{UserID: id, State: protocol.StateUnknown}
-		ok := id == c.user
-		if !ok {
-			teams, err := s.store.TeamsOf(ctx, id)
-			if err != nil {
-				c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: "store unavailable"})
-				return
-			}
-			ok = sharesAny(viewerTeams, teams)
-		}
-		if ok {
+		if id == c.user || shared[id] {
 			visible = append(visible, id)
 			visibleAt = append(visibleAt, i)
 		}
@@ -573,6 +573,86 @@ func (s *Server) answerQuery(ctx context.Context, c *client, q *protocol.Query) 
 		id = json.RawMessage("null")
 	}
 	c.writeJSON(protocol.QueryResult{Type: protocol.TypeQueryResult, ID: id, Users: users})
+}
+
+// queryCost is the rate tokens a query of n ids costs: one per 10 ids, at
+// least one.
+func queryCost(n int) int { return max(1, (n+9)/10) }
+
+// teamsBatcher is a store that reads many users' teams in one round trip.
+// store.Teams has only the one-user TeamsOf; a store that adds this method
+// is used without a change here.
+type teamsBatcher interface {
+	TeamsOfMany(ctx context.Context, users []string) ([][]string, error)
+}
+
+// sharesTeamWith reports which of ids share a team with viewer. The
+// viewer's teams come from the hub once; each distinct id's teams from the
+// hub's index when the id is connected here (no store call), else from one
+// batched store read when the store offers one (teamsBatcher), else one
+// TeamsOf per distinct id. The hub's index is what routing uses, so a query
+// agrees with the changes the viewer is sent.
+func (s *Server) sharesTeamWith(ctx context.Context, viewer string, ids []string) (map[string]bool, error) {
+	out := make(map[string]bool, len(ids))
+	viewerTeams := s.hub.teamsOf(viewer)
+	if len(viewerTeams) == 0 {
+		return out, nil // no team: nobody to share one with
+	}
+	var remote []string
+	seen := make(map[string]struct{}, len(ids))
+	s.hub.mu.RLock()
+	for _, id := range ids {
+		if _, dup := seen[id]; dup || id == viewer {
+			continue
+		}
+		seen[id] = struct{}{}
+		// teams is nil while a first connection's teams are loading: ask the store.
+		if lu := s.hub.users[id]; lu != nil && lu.teams != nil {
+			for _, t := range viewerTeams {
+				if _, ok := lu.teams[t]; ok {
+					out[id] = true
+					break
+				}
+			}
+			continue
+		}
+		remote = append(remote, id)
+	}
+	s.hub.mu.RUnlock()
+	if len(remote) == 0 {
+		return out, nil
+	}
+	if b, ok := s.store.(teamsBatcher); ok {
+		var teams [][]string
+		err := s.timed(store.OpQuery, func() error {
+			var err error
+			teams, err = b.TeamsOfMany(ctx, remote)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if len(teams) != len(remote) {
+			return nil, fmt.Errorf("server: teams of %d users: store answered %d", len(remote), len(teams))
+		}
+		for i, id := range remote {
+			out[id] = sharesAny(viewerTeams, teams[i])
+		}
+		return out, nil
+	}
+	for _, id := range remote {
+		var teams []string
+		err := s.timed(store.OpQuery, func() error {
+			var err error
+			teams, err = s.store.TeamsOf(ctx, id)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		out[id] = sharesAny(viewerTeams, teams)
+	}
+	return out, nil
 }
 
 // onClose ends the connection in the store: its user may enter grace.
