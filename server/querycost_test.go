@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/greendot/greendot/server"
 	"github.com/greendot/greendot/store"
 )
@@ -132,4 +134,34 @@ func TestQueryVisibilityUsesABatchRead(t *testing.T) {
 	if got["dave"] != "offline" || got["erin"] != "offline" || got["nobody"] != "unknown" {
 		t.Fatalf("states: %v", got)
 	}
+}
+
+// A client's WebSocket ping costs a token: with a burst of 5 and no refill,
+// 5 pings get pongs, the 6th gets rate_limited and no pong, and a flood is
+// closed with 1008.
+func TestClientPingsAreRateLimited(t *testing.T) {
+	ts := startServer(t, frozen, func(c *server.Config) { c.RateBurst = 5 })
+	c := ts.dialSilent(t, "alice")
+	for i := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := c.conn.Ping(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("ping %d: %v", i, err)
+		}
+	}
+	pinged := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { pinged <- c.conn.Ping(ctx) }()
+	c.expectError("rate_limited")
+	select {
+	case err := <-pinged:
+		t.Fatalf("6th ping answered: %v", err)
+	default:
+	}
+	for range 20 { // 2×burst refusals in a row close the connection
+		go func() { _ = c.conn.Ping(ctx) }()
+	}
+	c.expectClosed(websocket.StatusPolicyViolation)
 }

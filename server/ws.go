@@ -41,9 +41,17 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 		}
 		_ = c.WriteClose(code, "")
 	})
+	// A client's ping costs a rate token like a frame: answering a flood of
+	// them took a core. nbio runs this handler in the connection's serial
+	// executor, as onMessage, so allow needs no lock. A client's pong is an
+	// answer to our own ping and is not counted.
 	u.SetPingHandler(func(c *websocket.Conn, data string) {
 		if cl, ok := c.Session().(*client); ok {
-			s.signOfLife(cl, s.cfg.Now())
+			now := s.cfg.Now()
+			s.signOfLife(cl, now)
+			if !cl.allow(now, 1) {
+				return // refused: no pong
+			}
 		}
 		_ = c.WriteMessage(websocket.PongMessage, []byte(data))
 	})
