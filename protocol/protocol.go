@@ -73,6 +73,16 @@ const (
 // MaxQueryIDs bounds the user ids of one query, over WebSocket and HTTP.
 const MaxQueryIDs = 500
 
+// MaxIDBytes bounds a user, team or device id (ValidID).
+const MaxIDBytes = 128
+
+// MaxFrameSize is the default limit of a client frame: it fits a query of
+// MaxQueryIDs ids of MaxIDBytes each even when every byte is escaped in
+// JSON (`\"`, `\\`: 2 bytes), with quotes and commas (3 bytes per id),
+// plus 1.5 KiB for the rest of the frame (type, query id). 500 × 259 =
+// 129,500 bytes, so 128 KiB.
+const MaxFrameSize = 128 << 10
+
 // Welcome is the first frame on every connection.
 type Welcome struct {
 	Type                string `json:"type"`
@@ -356,7 +366,7 @@ func truncate(s string, n int) string {
 // ValidID reports whether s is a valid user, team or device id: 1–128 bytes
 // of printable UTF-8 without control characters.
 func ValidID(s string) bool {
-	if len(s) == 0 || len(s) > 128 {
+	if len(s) == 0 || len(s) > MaxIDBytes {
 		return false
 	}
 	if !utf8.ValidString(s) {

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
 	"github.com/greendot/greendot/server"
 	"github.com/greendot/greendot/store"
 )
@@ -92,7 +93,7 @@ func TestOversizedFrameCloses1009(t *testing.T) {
 	ts := startServer(t)
 	c := ts.dial(t, "alice")
 	other := ts.dial(t, "bob")
-	c.send(`{"type":"heartbeat","id":"` + strings.Repeat("x", 5000) + `"}`)
+	sendOversized(t, c, protocol.MaxFrameSize+1)
 	c.expectClosed(websocket.StatusMessageTooBig)
 	other.stillServes()
 }

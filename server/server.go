@@ -47,7 +47,7 @@ type Config struct {
 	Grace             time.Duration // 5s; only reported, the store applies it
 	JWTSecret         string        // empty: dev mode
 	APIKey            string        // empty: the HTTP API is open
-	MaxMessageSize    int           // bytes per client frame; 4096
+	MaxMessageSize    int           // bytes per client frame; protocol.MaxFrameSize (128 KiB)
 	RateLimit         float64       // client frames per second; 20
 	RateBurst         int           // 40
 	MaxPending        int           // queued changes per connection before it is slow; 10000
@@ -148,7 +148,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server: ping interval (%v) must be below the ttl (%v)", cfg.PingInterval, cfg.TTL)
 	}
 	if cfg.MaxMessageSize == 0 {
-		cfg.MaxMessageSize = 4096
+		cfg.MaxMessageSize = protocol.MaxFrameSize
 	}
 	if cfg.RateLimit == 0 {
 		cfg.RateLimit = 20
