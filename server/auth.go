@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -21,20 +22,31 @@ type identity struct {
 // authenticator checks client tokens (HS256 JWTs, sub = user id) or, in dev
 // mode, accepts ?user=.
 type authenticator struct {
-	secret []byte // nil: dev mode
-	parser *jwt.Parser
-	now    func() time.Time
+	secret   []byte // nil: dev mode
+	audience string // "" = not checked
+	issuer   string // "" = not checked
+	parser   *jwt.Parser
+	now      func() time.Time
 }
 
-func newAuthenticator(secret string, now func() time.Time) *authenticator {
-	a := &authenticator{now: now}
+func newAuthenticator(secret, audience, issuer string, now func() time.Time) *authenticator {
+	a := &authenticator{now: now, audience: audience, issuer: issuer}
 	if secret != "" {
 		a.secret = []byte(secret)
-		a.parser = jwt.NewParser(
+		opts := []jwt.ParserOption{
 			jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
 			jwt.WithTimeFunc(now),
 			jwt.WithLeeway(0),
-		)
+		}
+		// The library requires the claim when asked to check it: a token
+		// without "aud" or "iss" fails like one with the wrong value.
+		if audience != "" {
+			opts = append(opts, jwt.WithAudience(audience))
+		}
+		if issuer != "" {
+			opts = append(opts, jwt.WithIssuer(issuer))
+		}
+		a.parser = jwt.NewParser(opts...)
 	}
 	return a
 }
@@ -76,6 +88,16 @@ func (a *authenticator) authenticate(r *http.Request) (identity, error) {
 	switch {
 	case errors.Is(err, jwt.ErrTokenExpired):
 		return identity{}, errors.New("token expired")
+	// Claims are checked only once the signature is good, so saying which
+	// one failed tells a forger nothing.
+	case a.audience != "" && errors.Is(err, jwt.ErrTokenRequiredClaimMissing) && len(claims.Audience) == 0:
+		return identity{}, fmt.Errorf(`token has no "aud" claim; it must include %q`, a.audience)
+	case errors.Is(err, jwt.ErrTokenInvalidAudience):
+		return identity{}, fmt.Errorf(`token "aud" does not include %q`, a.audience)
+	case a.issuer != "" && errors.Is(err, jwt.ErrTokenRequiredClaimMissing) && claims.Issuer == "":
+		return identity{}, fmt.Errorf(`token has no "iss" claim; it must be %q`, a.issuer)
+	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
+		return identity{}, fmt.Errorf(`token "iss" is not %q`, a.issuer)
 	case err != nil:
 		return identity{}, errors.New("invalid token")
 	}

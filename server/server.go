@@ -46,6 +46,8 @@ type Config struct {
 	PingInterval      time.Duration // silence before a WebSocket ping (ping.go); the heartbeat interval, <0 none
 	Grace             time.Duration // 5s; only reported, the store applies it
 	JWTSecret         string        // empty: dev mode
+	JWTAudience       string        // when set, a token's "aud" (string or array) must include it
+	JWTIssuer         string        // when set, a token's "iss" must be it
 	APIKey            string        // empty: the HTTP API is open
 	MaxMessageSize    int           // bytes per client frame; protocol.MaxFrameSize (128 KiB)
 	RateLimit         float64       // client frames per second; 20
@@ -178,7 +180,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:   cfg,
 		log:   cfg.Logger,
 		store: cfg.Store,
-		auth:  newAuthenticator(cfg.JWTSecret, cfg.Now),
+		auth:  newAuthenticator(cfg.JWTSecret, cfg.JWTAudience, cfg.JWTIssuer, cfg.Now),
 		reg:   cfg.Registry,
 		stop:  make(chan struct{}),
 

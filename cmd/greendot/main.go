@@ -83,6 +83,8 @@ type serveOptions struct {
 	grace             time.Duration
 	forgetAfter       time.Duration
 	jwtSecret         string
+	jwtAudience       string
+	jwtIssuer         string
 	apiKey            string
 	logLevel          string
 	pprofAddr         string
@@ -91,6 +93,10 @@ type serveOptions struct {
 	allowedOrigins    string
 	origins           []string // allowedOrigins, parsed by validate
 }
+
+// minSecretBytes is the shortest --jwt-secret taken without a warning: an
+// HS256 key shorter than the hash's 256 bits weakens it (RFC 7518, 3.2).
+const minSecretBytes = 32
 
 func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -103,6 +109,8 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	durationVar(fs, &o.grace, "offline-grace", 5*time.Second, "the `duration` a user with no connection left stays online")
 	durationVar(fs, &o.forgetAfter, "forget-after", 720*time.Hour, "drop the presence of a user offline for this `duration` (answered as never seen; teams kept); 0 = never")
 	fs.StringVar(&o.jwtSecret, "jwt-secret", "", "HS256 secret for client tokens; unset = dev mode")
+	fs.StringVar(&o.jwtAudience, "jwt-audience", "", `when set, a client token's "aud" (string or array) must include this value`)
+	fs.StringVar(&o.jwtIssuer, "jwt-issuer", "", `when set, a client token's "iss" must be this value`)
 	fs.StringVar(&o.apiKey, "api-key", "", "bearer key required on the HTTP API (all /v1 routes but /v1/connect)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&o.maxConnecting, "max-connecting", 64, "connects a node registers at once; more wait up to 3s, then get 503")
@@ -155,6 +163,8 @@ func (o *serveOptions) validate() error {
 		return fmt.Errorf("--max-connecting must be at least 1, got %d", o.maxConnecting)
 	case o.maxUserConns < 0:
 		return fmt.Errorf("--max-connections-per-user must be 0 (unlimited) or more, got %d", o.maxUserConns)
+	case o.jwtSecret == "" && (o.jwtAudience != "" || o.jwtIssuer != ""):
+		return errors.New("--jwt-audience and --jwt-issuer check tokens: they need --jwt-secret")
 	}
 	origins, err := server.ParseOrigins(o.allowedOrigins)
 	if err != nil {
@@ -233,6 +243,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		HeartbeatInterval:     o.heartbeatInterval,
 		Grace:                 o.grace,
 		JWTSecret:             o.jwtSecret,
+		JWTAudience:           o.jwtAudience,
+		JWTIssuer:             o.jwtIssuer,
 		APIKey:                o.apiKey,
 		MaxConnecting:         o.maxConnecting,
 		MaxConnectionsPerUser: userConns,
@@ -263,6 +275,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if srv.DevMode() {
 		log.Warn("DEV MODE: no --jwt-secret set, so ANY client may connect as ANY user with ?user=<id>. Never run this in production.")
 		fmt.Fprintf(stderr, "\n  demo page:  http://%s/\n  connect:    ws://%s/v1/connect?user=alice\n  metrics:    http://%s/metrics\n\n", base, base, base)
+	}
+	if n := len(o.jwtSecret); n > 0 && n < minSecretBytes {
+		log.Warn("--jwt-secret is short: tokens signed with it can be forged by guessing it; use at least 32 random bytes", "bytes", n)
 	}
 	if o.apiKey == "" {
 		log.Warn("no --api-key set: the HTTP API (/v1/users, /v1/teams, /v1/presence) is open to anyone who can reach it")
