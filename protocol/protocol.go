@@ -76,7 +76,11 @@ const MaxQueryIDs = 500
 // MaxIDBytes bounds a user, team or device id (ValidID).
 const MaxIDBytes = 128
 
-// MaxFrameSize is the default limit of a client frame: it fits a query of
+// MaxSmallFrame is the contract's limit of a client frame (4 KiB) for every
+// type but `query`, whose 500 ids may need up to MaxFrameSize.
+const MaxSmallFrame = 4 << 10
+
+// MaxFrameSize is the limit of a client `query` frame: it fits a query of
 // MaxQueryIDs ids of MaxIDBytes each even when every byte is escaped in
 // JSON (`\"`, `\\`: 2 bytes), with quotes and commas (3 bytes per id),
 // plus 1.5 KiB for the rest of the frame (type, query id). 500 × 259 =

@@ -96,6 +96,12 @@ func TestOversizedFrameCloses1009(t *testing.T) {
 	sendOversized(t, c, protocol.MaxFrameSize+1)
 	c.expectClosed(websocket.StatusMessageTooBig)
 	other.stillServes()
+
+	// Any frame but a query keeps the contract's 4 KiB.
+	c = ts.dial(t, "alice")
+	c.send(`{"type":"heartbeat","id":"` + strings.Repeat("x", 5000) + `"}`)
+	c.expectClosed(websocket.StatusMessageTooBig)
+	other.stillServes()
 }
 
 func TestBinaryFrameCloses1003(t *testing.T) {

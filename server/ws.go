@@ -431,6 +431,14 @@ func (s *Server) timed(op string, f func() error) error {
 	return err
 }
 
+// isQuery reports whether a frame is a query, by its "type" alone.
+func isQuery(data []byte) bool {
+	var f struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(data, &f) == nil && f.Type == protocol.TypeQuery
+}
+
 // onMessage handles one client frame. nbio calls it serially per connection.
 func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []byte) {
 	c, ok := ws.Session().(*client)
@@ -440,6 +448,12 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 	if mt == websocket.BinaryMessage {
 		s.metrics.framesRejected.WithLabelValues(reasonBinary).Inc()
 		c.closeWith(protocol.CloseUnsupported, "binary frames are not accepted")
+		return
+	}
+	if len(data) > protocol.MaxSmallFrame && !isQuery(data) {
+		// The contract's 4 KiB holds for every frame but a query, which
+		// nbio reads up to MaxFrameSize for its 500 ids.
+		c.closeWith(protocol.CloseTooBig, "message exceeds the configured limit")
 		return
 	}
 	now := s.cfg.Now()
