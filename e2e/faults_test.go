@@ -179,7 +179,10 @@ func TestDataLossServesNoPartialSnapshot(t *testing.T) {
 	}
 	a.join("t1", "alice", "bob", "carol") // membership back at once, as from AOF
 	refused, served := 0, 0
-	end := time.Now().Add(short.ttl + 2*time.Second + 2*time.Second) // past the hold-off
+	// Refused until each node's own resync after the loss: the 5 s hold-off
+	// (node liveness 3 s + 2 s) from when its beat (every second) found the
+	// loss; then served for 2 s.
+	end := time.Now().Add(5*time.Second + time.Second + 2*time.Second)
 	for time.Now().Before(end) {
 		for _, n := range []*node{a, b} {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)

@@ -107,6 +107,8 @@ func TestQueryVisibilityReadsTheStoreOncePerRemoteID(t *testing.T) {
 	ts.dial(t, "bob")
 	ts.dial(t, "carol")
 	ts.dial(t, "zed")
+	// Their online changes come first: the query's answer is the next frame.
+	alice.expectChanges(time.Second, "bob=online", "carol=online")
 	before := cs.teamsOf.Load()
 	got := queryStates(t, alice, "bob", "carol", "zed", "dave", "dave", "dave", "nobody", "alice")
 	if n := cs.teamsOf.Load() - before; n != 2 { // dave and nobody
