@@ -91,10 +91,7 @@ func TestKilledNodeUsersGoOffline(t *testing.T) {
 // Redis away for longer than the ttl, then back with its data: nobody is
 // shown offline, clients stay connected, and presence works again.
 func TestRedisOutageLongerThanTTL(t *testing.T) {
-	short := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
-	r := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
-	a := startNode(t, r.URL(), "a", short)
-	b := startNode(t, r.URL(), "b", short)
+	r, a, b := twoNodes(t, "--appendonly", "yes", "--appendfsync", "always")
 	a.join("t1", "alice", "bob")
 	alice := connect(t, a, "alice", "web")
 	bob := connect(t, b, "bob", "web")
@@ -132,10 +129,7 @@ func TestRedisOutageLongerThanTTL(t *testing.T) {
 // FLUSHALL (or a failover to an empty Redis): the nodes put their live
 // connections back, and nothing false is published.
 func TestFlushAllIsRebuiltFromTheNodes(t *testing.T) {
-	short := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
-	r := redistest.Start(t)
-	a := startNode(t, r.URL(), "a", short)
-	b := startNode(t, r.URL(), "b", short)
+	r, a, b := twoNodes(t)
 	a.join("t1", "alice", "bob")
 	alice := connect(t, a, "alice", "web")
 	bob := connect(t, b, "bob", "web")
@@ -165,10 +159,7 @@ func TestFlushAllIsRebuiltFromTheNodes(t *testing.T) {
 // reader would be told that their users are offline. Connects and reads
 // are refused with 503 (and a reason) instead, and what is served is whole.
 func TestDataLossServesNoPartialSnapshot(t *testing.T) {
-	short := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
-	r := redistest.Start(t)
-	a := startNode(t, r.URL(), "a", short)
-	b := startNode(t, r.URL(), "b", short)
+	r, a, b := twoNodes(t)
 	a.join("t1", "alice", "bob", "carol")
 	connect(t, a, "alice", "web")
 	bob := connect(t, b, "bob", "web")
@@ -213,10 +204,7 @@ func TestDataLossServesNoPartialSnapshot(t *testing.T) {
 // other node as offline. Nobody is told anything false: the resync waits
 // for the nodes to write their connections back.
 func TestRestartEmptyTellsNothingFalse(t *testing.T) {
-	short := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
-	r := redistest.Start(t)
-	a := startNode(t, r.URL(), "a", short)
-	b := startNode(t, r.URL(), "b", short)
+	r, a, b := twoNodes(t)
 	a.join("t1", "alice", "bob", "carol")
 	alice := connect(t, a, "alice", "web")
 	bob := connect(t, b, "bob", "web")
@@ -241,10 +229,7 @@ func TestRestartEmptyTellsNothingFalse(t *testing.T) {
 // again it must hear the offline, even after Redis lost its data and reads
 // the teammate as never seen (version 0, below what the viewer holds).
 func TestRejoinAfterDataLossCorrectsAStaleState(t *testing.T) {
-	short := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
-	r := redistest.Start(t)
-	a := startNode(t, r.URL(), "a", short)
-	b := startNode(t, r.URL(), "b", short)
+	r, a, b := twoNodes(t)
 	a.join("t1", "alice", "bob")
 	alice := connect(t, a, "alice", "web")
 	bob := connect(t, b, "bob", "web")
@@ -357,4 +342,14 @@ func TestSlowRedisLinkKeepsNodeAlive(t *testing.T) {
 	alice.still(2*3*time.Second, "bob=online")
 	p.SetLatency(0)
 	alice.still(tm.grace+time.Second, "bob=online")
+}
+
+// short are the timings of the fault tests on two nodes.
+var short = timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
+
+// twoNodes starts a redis-server (with extra args) and nodes a and b on it.
+func twoNodes(t *testing.T, extra ...string) (*redistest.Server, *node, *node) {
+	t.Helper()
+	r := redistest.Start(t, extra...)
+	return r, startNode(t, r.URL(), "a", short), startNode(t, r.URL(), "b", short)
 }
