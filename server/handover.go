@@ -1,11 +1,6 @@
 package server
 
-import (
-	"sync"
-
-	"github.com/lesismal/nbio"
-	"github.com/lesismal/nbio/nbhttp"
-)
+import "sync"
 
 // The accept loop hands each connection to an nbio poller goroutine through
 // the kernel (epoll) and code built without race instrumentation, so the
@@ -21,14 +16,4 @@ func handover() {
 	}
 	handoverMu.Lock()
 	handoverMu.Unlock() //nolint:staticcheck // an empty critical section is the point
-}
-
-func raceVisibleData(e *nbhttp.Engine) {
-	if !raceEnabled {
-		return
-	}
-	e.OnData(func(c *nbio.Conn, data []byte) {
-		handover()
-		c.DataHandler()(c, data)
-	})
 }
