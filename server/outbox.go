@@ -272,8 +272,17 @@ func (c *client) noteRecentLocked(users []presence.Presence, frame protocol.Snap
 			add(p.UserID, p.Version) // left out of the frame, but known
 		}
 	}
+	if len(c.recent) > maxRecent {
+		// After a data loss every version is recent: an idle connection
+		// would hold a copy of its whole snapshot until its next change.
+		// Resends are then possible (clients drop them); memory is not.
+		c.recent = nil
+	}
 	c.recentUntil = now.Add(recentWindow)
 }
+
+// maxRecent bounds the snapshot entries a connection keeps (noteRecentLocked).
+const maxRecent = 256
 
 // inSnapshotLocked reports a change the snapshot already gave: not newer
 // than its recent entry for the subject. Past the window, the entries go.

@@ -154,6 +154,18 @@ func TestSnapshotShownChangeNotResent(t *testing.T) {
 	if c.recent != nil {
 		t.Fatalf("past the window the snapshot's entries are kept: %v", c.recent)
 	}
+
+	// A snapshot whose every entry is recent (after a data loss) keeps none.
+	c = &client{srv: s}
+	c.closed.Store(true)
+	var many []presence.Presence
+	for i := range maxRecent + 1 {
+		many = append(many, presence.Presence{UserID: fmt.Sprint("u", i), State: presence.Online, Version: v})
+	}
+	c.sendSnapshot(many)
+	if c.recent != nil {
+		t.Fatalf("kept %d recent entries, want none past %d", len(c.recent), maxRecent)
+	}
 }
 
 func TestCatchUpVersions(t *testing.T) {
