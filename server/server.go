@@ -455,7 +455,7 @@ func (s *Server) onData(c *nbio.Conn, data []byte) {
 	c.DataHandler()(c, data)
 	switch {
 	case g.upgraded:
-	case !g.inBody && g.head > maxRequestHead:
+	case g.tooBig || (!g.inBody && g.head > maxRequestHead):
 		// Checked after the parse, so one read (ReadBufferSize) may pass
 		// the limit: the head buffered stays under limit + one read.
 		s.refuse(c, g, http.StatusRequestHeaderFieldsTooLarge, protocol.CodeHeadTooLarge,
@@ -499,14 +499,25 @@ type requestGate struct {
 	upgrade  bool // the head asks for a protocol upgrade
 	upgraded bool // an upgrade request was handed over: WebSocket frames follow
 	refused  bool
+	// headBytes counts the request line and headers as parsed, so that a
+	// head over the limit is refused even when it arrived whole in one or
+	// two reads; tooBig then holds the request back from its handler.
+	headBytes int
+	tooBig    bool
 }
 
 func (g *requestGate) OnMethod(p *nbhttp.Parser, method string) {
-	*g = requestGate{Processor: g.Processor, apiKey: g.apiKey, head: g.head}
+	*g = requestGate{Processor: g.Processor, apiKey: g.apiKey, head: g.head, headBytes: len(method)}
 	g.Processor.OnMethod(p, method)
 }
 
+func (g *requestGate) OnURL(p *nbhttp.Parser, uri string) error {
+	g.headBytes += len(uri)
+	return g.Processor.OnURL(p, uri)
+}
+
 func (g *requestGate) OnHeader(p *nbhttp.Parser, key, value string) {
+	g.headBytes += len(key) + len(value) + 4 // ": " and CRLF
 	switch key {
 	case "Authorization":
 		if !g.sawKey { // the handlers read the first one too
@@ -523,12 +534,16 @@ func (g *requestGate) OnHeader(p *nbhttp.Parser, key, value string) {
 
 // OnContentLength is nbio's call at the end of a head.
 func (g *requestGate) OnContentLength(p *nbhttp.Parser, n int) {
+	g.tooBig = g.headBytes > maxRequestHead
 	g.inBody, g.head = true, 0
 	g.needsKey = g.apiKey != "" && !g.keyOK && (n > 0 || g.bodyNext)
 	g.Processor.OnContentLength(p, n)
 }
 
 func (g *requestGate) OnComplete(p *nbhttp.Parser) {
+	if g.tooBig {
+		return // onData refuses it; the handler never sees it
+	}
 	g.inBody, g.head, g.needsKey = false, 0, false
 	// From here on the bytes may be WebSocket frames: the handler (on a
 	// worker) may upgrade at any moment. A refused upgrade closes the
