@@ -113,7 +113,7 @@ func (s *Store) reassert(ctx context.Context, id string) {
 	if !ok {
 		return
 	}
-	err := s.connect(ctx, presence.Conn{ID: id, UserID: c.user, Device: c.device, Node: c.node}, c.active, true)
+	err := s.connect(ctx, presence.Conn{ID: id, UserID: c.user, Device: c.device, Node: c.node}, c, true)
 	if err != nil {
 		s.log.Warn("re-assert connection", "err", err)
 		return
@@ -292,7 +292,7 @@ func (s *Store) recover(ctx context.Context) error {
 		calls := make([]call, len(all))
 		for i, e := range all {
 			calls[i] = call{keys: userKeys(e.c.user, ncKey(shardOf(e.c.user), e.c.node)),
-				args: []any{e.id, e.c.user, e.c.device, e.c.node, s.ttlMS(), boolArg(e.c.active), "1"}}
+				args: []any{e.id, e.c.user, e.c.device, e.c.node, s.ttlMS(), boolArg(e.c.active), "1", e.c.statusSeq}}
 		}
 		replies, errs := s.evalMany(ctx, s.sc.connect, calls)
 		for i, v := range replies {

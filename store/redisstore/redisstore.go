@@ -69,6 +69,10 @@ type Config struct {
 type localConn struct {
 	user, device, node string
 	active             bool
+	// statusSeq counts SetStatus calls: Redis keeps the active flag of the
+	// highest one it saw, so a re-assertion that read active before a
+	// status change and reached Redis after it cannot undo it.
+	statusSeq uint64
 }
 
 // Store is the Redis store.
@@ -304,10 +308,12 @@ func (s *Store) graceMS() int64 { return s.cfg.Grace.Milliseconds() }
 
 // Connect implements store.Tracker.
 func (s *Store) Connect(ctx context.Context, c presence.Conn) error {
-	return s.connect(ctx, c, true, false)
+	return s.connect(ctx, c, localConn{active: !c.Idle}, false)
 }
 
-func (s *Store) connect(ctx context.Context, c presence.Conn, active, assert bool) error {
+// connect writes c into Redis with the status in lc (active, statusSeq);
+// assert: a re-assertion of a connection this node holds.
+func (s *Store) connect(ctx context.Context, c presence.Conn, lc localConn, assert bool) error {
 	start := time.Now()
 	if !assert {
 		// Redis checks ids within the user's shard; ids are random, and this
@@ -323,7 +329,7 @@ func (s *Store) connect(ctx context.Context, c presence.Conn, active, assert boo
 		c.Node = s.cfg.Node
 	}
 	v, err := run(ctx, s.rdb, s.sc.connect, userKeys(c.UserID, ncKey(shardOf(c.UserID), c.Node)),
-		c.ID, c.UserID, c.Device, c.Node, s.ttlMS(), boolArg(active), boolArg(assert))
+		c.ID, c.UserID, c.Device, c.Node, s.ttlMS(), boolArg(lc.active), boolArg(assert), lc.statusSeq)
 	if err != nil {
 		if !assert && !isRedisReply(err) {
 			// The script may have run: make sure no ghost stays behind.
@@ -333,9 +339,11 @@ func (s *Store) connect(ctx context.Context, c presence.Conn, active, assert boo
 	}
 	s.mu.Lock()
 	_, live := s.conns[c.ID]
-	if !assert || live {
-		s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, node: c.Node, active: active}
+	if !assert {
+		s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, node: c.Node, active: lc.active}
 	}
+	// A re-asserted connection keeps its entry: a status change may have
+	// updated it since lc was read.
 	s.mu.Unlock()
 	if err := s.apply(ctx, store.OpConnect, v, start); err != nil {
 		return err
@@ -382,14 +390,17 @@ func (s *Store) SetStatus(ctx context.Context, connID string, active bool) error
 	start := time.Now()
 	s.mu.Lock()
 	lc, ok := s.conns[connID]
+	var seq uint64
 	if ok {
 		lc.active = active
+		lc.statusSeq++
+		seq = lc.statusSeq
 	}
 	s.mu.Unlock()
 	if !ok {
 		return ErrUnknownConn
 	}
-	v, err := run(ctx, s.rdb, s.sc.status, userKeys(lc.user), connID, lc.user, boolArg(active), s.ttlMS())
+	v, err := run(ctx, s.rdb, s.sc.status, userKeys(lc.user), connID, lc.user, boolArg(active), s.ttlMS(), seq)
 	if err != nil {
 		err = scriptErr(err)
 		if errors.Is(err, ErrUnknownConn) {

@@ -35,9 +35,17 @@ local function found_nc(node)
   return SHARD .. 'nc:' .. node
 end
 
--- A user's connections: uc:<user> maps connection id to "device\nnode\nactive".
+-- A user's connections: uc:<user> maps connection id to
+-- "device\nnode\nactive\nseq". seq counts the node's status writes for the
+-- connection: a re-assertion carries the one its active flag is from, so one
+-- that lost a race with a newer status write does not undo it. (Entries
+-- without seq, written before it existed, read as seq 0.)
 local function parse(e)
-  return string.match(e, '^(.-)\n(.-)\n(%d)$')
+  local d, n, a, q = string.match(e, '^(.-)\n(.-)\n(%d)\n?(%d*)$')
+  return d, n, a, tonumber(q) or 0
+end
+local function entry(device, node, active, seq)
+  return device .. '\n' .. node .. '\n' .. active .. '\n' .. seq
 end
 
 -- Rule 4: online if any device is active, away if all idle, offline if none.
