@@ -61,6 +61,10 @@ type Conn struct {
 	UserID string
 	Device string
 	Node   string
+	// Idle registers the device as idle: a connection registered again
+	// after the store lost it keeps the status it had, with no online
+	// published in between.
+	Idle bool
 }
 
 // Cause says why a connection ended; it decides what last_seen becomes.

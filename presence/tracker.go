@@ -55,7 +55,7 @@ func (t *Tracker) Connect(now time.Time, c Conn) (Outcome, error) {
 	if _, ok := t.conns[c.ID]; ok {
 		return Outcome{}, ErrDuplicateConn
 	}
-	ce := &connEntry{Conn: c, active: true, lastSeen: now, deadline: now.Add(t.cfg.TTL)}
+	ce := &connEntry{Conn: c, active: !c.Idle, lastSeen: now, deadline: now.Add(t.cfg.TTL)}
 	t.conns[c.ID] = ce
 	heap.Push(&t.expiry, deadline{at: ce.deadline, key: c.ID})
 	u := t.user(c.UserID)

@@ -543,12 +543,11 @@ func (s *Server) signOfLife(c *client, now time.Time) {
 
 // reassert registers a live connection the store no longer knows.
 func (s *Server) reassert(ctx context.Context, c *client) error {
-	err := s.store.Connect(ctx, presence.Conn{ID: c.id, UserID: c.user, Device: c.device, Node: s.cfg.NodeID})
+	// It comes back idle if it was: connecting it active and then idle
+	// would publish an online that was never true.
+	err := s.store.Connect(ctx, presence.Conn{ID: c.id, UserID: c.user, Device: c.device, Node: s.cfg.NodeID, Idle: c.away.Load()})
 	if errors.Is(err, store.ErrDuplicateConn) {
 		return nil
-	}
-	if err == nil && c.away.Load() {
-		err = s.store.SetStatus(ctx, c.id, false) // it comes back idle, as it was
 	}
 	return err
 }

@@ -52,6 +52,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"OfflineAfterGrace", testOfflineAfterGrace},
 		{"ReconnectWithinGraceSilent", testReconnectWithinGraceSilent},
 		{"AwayWhenAllIdle", testAwayWhenAllIdle},
+		{"ConnectIdle", testConnectIdle},
 		{"SilentConnectionExpires", testSilentConnectionExpires},
 		{"HeartbeatKeepsAlive", testHeartbeatKeepsAlive},
 		{"UnknownConnection", testUnknownConnection},
@@ -255,6 +256,17 @@ func testAwayWhenAllIdle(t *testing.T, h *harness) {
 	h.disconnect("c2")
 	h.connect("c3", "bob", "web")
 	h.expectHistory(time.Second, "bob=online", "bob=away", "bob=online", "bob=away", "bob=online")
+}
+
+// A connection registered again idle (the store had lost it) publishes
+// away, never an online first.
+func testConnectIdle(t *testing.T, h *harness) {
+	mustDo(t, h.s.AddMember(h.ctx, Everyone, "bob"))
+	mustDo(t, h.s.Connect(h.ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web", Node: "node-a", Idle: true}))
+	h.sweepFor(50 * time.Millisecond)
+	h.expectHistory(0, "bob=away")
+	h.status("c1", true)
+	h.expectHistory(time.Second, "bob=away", "bob=online")
 }
 
 func testSilentConnectionExpires(t *testing.T, h *harness) {
