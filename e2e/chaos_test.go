@@ -102,7 +102,7 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 		w.topo = startChaosCluster(t, 3)
 	}
 	for i, name := range []string{"a", "b", "c"} {
-		n := &chaosNode{name: name, addr: freeAddr(t), redisURL: w.topo.url(i), tm: cfg.tm,
+		n := &chaosNode{name: name, addr: freeAddr(t), pprofAddr: freeAddr(t), redisURL: w.topo.url(i), tm: cfg.tm,
 			logPath: filepath.Join(logDir, fmt.Sprintf("%s-%s-%d.log", cfg.topology, name, cfg.seed))}
 		if err := n.start(); err != nil {
 			t.Fatalf("%v\n%s", err, tail(n.logPath, 20))
@@ -189,6 +189,16 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 		}
 	}
 	settled := time.Now()
+	if len(problems) > 0 && os.Getenv("GREENDOT_CHAOS_LOGDIR") != "" {
+		// What each node was doing when it did not settle: a node that
+		// stopped hearing (a stuck loop) shows where it waits.
+		for _, n := range w.nodes {
+			path := filepath.Join(logDir, fmt.Sprintf("%s-%s-%d-goroutines.txt", cfg.topology, n.name, cfg.seed))
+			if err := n.dumpGoroutines(path); err != nil {
+				t.Logf("goroutines of %s: %v", n.name, err)
+			}
+		}
+	}
 
 	o := newOracle(w, w.start, settled)
 	o.judgeChanges()

@@ -31,6 +31,7 @@ import (
 // chaosNode is one greendot process and its restarts.
 type chaosNode struct {
 	name, addr, redisURL string
+	pprofAddr            string // for goroutine dumps of a node that did not settle
 	tm                   timing
 	logPath              string
 
@@ -51,7 +52,7 @@ func (n *chaosNode) start() error {
 	fmt.Fprintf(logf, "=== start %d of %s at %s\n", n.starts, n.name, time.Now().Format("15:04:05.000"))
 	cmd := exec.Command(binary, "serve", "--addr", n.addr, "--store", "redis", "--redis-url", n.redisURL,
 		"--node-id", n.name, "--ttl", n.tm.ttl.String(), "--heartbeat-interval", n.tm.heartbeat.String(),
-		"--offline-grace", n.tm.grace.String())
+		"--offline-grace", n.tm.grace.String(), "--pprof-addr", n.pprofAddr)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = redistest.DieWithParent()
 	if err := cmd.Start(); err != nil {
@@ -64,6 +65,21 @@ func (n *chaosNode) start() error {
 	n.cmd, n.done = cmd, done
 	n.mu.Unlock()
 	return n.waitReady(15 * time.Second)
+}
+
+// dumpGoroutines writes the stacks of the node's goroutines to path.
+func (n *chaosNode) dumpGoroutines(path string) error {
+	hc := http.Client{Timeout: 5 * time.Second}
+	resp, err := hc.Get("http://" + n.pprofAddr + "/debug/pprof/goroutine?debug=2")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
 }
 
 func (n *chaosNode) waitReady(d time.Duration) error {
