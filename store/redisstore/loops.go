@@ -247,7 +247,7 @@ func (s *Store) healthLoop() {
 					resyncAt = time.Now().Add(s.cfg.HoldOff)
 					s.awaitingResync.Store(true)
 				} else {
-					s.resync(ctx)
+					s.resync()
 				}
 			}
 		case !resyncAt.IsZero():
@@ -255,13 +255,13 @@ func (s *Store) healthLoop() {
 			if !time.Now().Before(resyncAt) {
 				resyncAt = time.Time{}
 				s.needResync.Store(false)
-				s.resync(ctx)
+				s.resync()
 				s.awaitingResync.Store(false)
 			}
 		default:
 			s.m.up.Set(1)
 			if s.needResync.Swap(false) {
-				s.resync(ctx)
+				s.resync()
 			}
 		}
 		cancel()
@@ -360,11 +360,14 @@ func (s *Store) reconcileCall(sh int, since time.Time, live ...any) call {
 // is raised first, on the shard's own clock, so that what the handler
 // reads afterwards is at or below it and every later change above it. If a
 // shard cannot be reached, the resync is asked for again.
-func (s *Store) resync(ctx context.Context) {
+func (s *Store) resync() {
 	r, ok := s.handler.(store.Resyncer)
 	if !ok {
 		return
 	}
+	// Its own deadline: the health check's may be spent by a recovery.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	calls := make([]call, numShards)
 	for sh := range calls {
 		calls[sh] = call{keys: shardKeys(sh)}

@@ -101,7 +101,7 @@ func TestVersionsAfterAResyncExceedItsFloor(t *testing.T) {
 	for i := 0; len(users) < cap(users); i++ {
 		users = append(users, fmt.Sprint("user", i)) // spread over every shard
 	}
-	s.resync(ctx)
+	s.resync()
 	testwait.For(t, 5*time.Second, func() error {
 		if h.resyncs() != 1 {
 			return fmt.Errorf("%d resyncs", h.resyncs())
