@@ -582,3 +582,40 @@ func TestStaleSweepRecordHoldsOff(t *testing.T) {
 	}
 	waitHist(t, h, holdOff+time.Second, s, "bob=online bob=offline")
 }
+
+// A node that finds Redis emptied can write its connections back before it
+// sweeps again; its next sweep then finds no sweep record and itself in
+// NODES, as in a fresh Redis. It must still mark the shard emptied: the
+// other nodes have not written theirs back yet, and a snapshot read then
+// (on any node) shows their users offline. Found by the chaos test: a
+// connect right after an empty restart listed three live users offline.
+func TestRecoveredSweeperStillMarksEmptied(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	a, _ := mkWith(t, Config{URL: r.URL(), Node: "a", TTL: 10 * time.Second, Grace: 100 * time.Millisecond,
+		NodeTTL: 1500 * time.Millisecond, HoldOff: 3500 * time.Millisecond})
+	// b beats seldom: it has not noticed the loss when the read comes.
+	b, _ := mkWith(t, Config{URL: r.URL(), Node: "b", TTL: 10 * time.Second, Grace: 100 * time.Millisecond,
+		NodeTTL: time.Minute, HoldOff: 3500 * time.Millisecond})
+	must(t, a.AddMember(ctx, "t", "bob"))
+	must(t, a.AddMember(ctx, "t", "carol"))
+	must(t, a.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	must(t, b.Connect(ctx, presence.Conn{ID: "c2", UserID: "carol", Device: "web"}))
+	must(t, a.Sweep(ctx))
+	must(t, b.Sweep(ctx))
+	if _, err := r.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	// a's beat finds it missing, and its health check writes c1 back.
+	testwait.For(t, 5*time.Second, func() error {
+		if !a.awaitingResync.Load() {
+			return errors.New("a has not recovered yet")
+		}
+		return nil
+	})
+	must(t, a.Sweep(ctx))
+	if _, err := b.WholeStates(ctx, []string{"bob", "carol"}); !errors.Is(err, ErrRecovering) {
+		ps, _ := b.States(ctx, []string{"bob", "carol"})
+		t.Fatalf("a snapshot read on b after the loss: err %v, states %+v; want ErrRecovering (carol is not written back)", err, ps)
+	}
+}

@@ -442,7 +442,11 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 // ForgetAfter (see forget).
 func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
-	recovering := boolArg(!s.healthy.Load())
+	// Recovering from a loss lasts until the hold-off after this node wrote
+	// its connections back: a sweep of an emptied shard that comes only
+	// after that finds no sweep record and this node in NODES, as in a
+	// fresh Redis, and must still mark it emptied for the others' sake.
+	recovering := boolArg(!s.healthy.Load() || s.lostData.Load() || s.awaitingResync.Load())
 	mk := func(sh int) call {
 		return call{keys: shardKeys(sh), args: []any{s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
 			s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds(),

@@ -1,7 +1,8 @@
 -- KEYS: the shard's (prelude). ARGV: ttl ms, grace ms, node ttl ms,
 -- hold-off ms, batch limit, gap ms (a pause in sweeping longer than this
 -- starts a hold-off), the sweeping node, recovering (1/0: it is writing its
--- connections back).
+-- connections back after an outage or a loss, or wrote them back after a
+-- loss less than a hold-off ago).
 -- One shard's sweep, atomic: whatever it claims, no other node can. What it
 -- claims is found while it runs (dead nodes in NODES, their connections in
 -- their nc: sets, late deadlines in DL, ended graces in GRACE), and so are
