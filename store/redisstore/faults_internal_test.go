@@ -619,3 +619,33 @@ func TestRecoveredSweeperStillMarksEmptied(t *testing.T) {
 		t.Fatalf("a snapshot read on b after the loss: err %v, states %+v; want ErrRecovering (carol is not written back)", err, ps)
 	}
 }
+
+// A node restarted under its id after kill -9 finds its old entry in NODES
+// at its first beat. The first data loss after that must still be noticed:
+// it was not, because only a beat that found the node missing counted as
+// its first, so that loss was taken for the first beat. Its connections
+// came back one by one with their heartbeats, but its viewers were never
+// resynced: a grace lost with the data left a ghost (chaos test: each
+// restarted node missed one FLUSHALL).
+func TestRestartedNodeNoticesTheNextLoss(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	// The hold-off is long so that the resync it delays is still awaited
+	// when the test looks.
+	cfg := Config{URL: r.URL(), Node: "a", TTL: 10 * time.Second, Grace: 100 * time.Millisecond,
+		NodeTTL: 1500 * time.Millisecond, HoldOff: 10 * time.Second}
+	first, _ := mkWith(t, cfg)
+	must(t, first.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	kill9(first)
+	a, _ := mkWith(t, cfg) // its first beat finds a's entry
+	must(t, a.Connect(ctx, presence.Conn{ID: "c2", UserID: "bob", Device: "web"}))
+	if _, err := r.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 5*time.Second, func() error {
+		if !a.lostData.Load() && !a.awaitingResync.Load() {
+			return errors.New("the restarted node has not noticed that Redis lost its data")
+		}
+		return nil
+	})
+}

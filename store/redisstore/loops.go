@@ -189,9 +189,16 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	for _, v := range replies {
 		missing = missing || toInt(v) == 1
 	}
+	// The first beat that lands is this process's first: missing there is
+	// a fresh start (or its entry is still there, after a restart under the
+	// same id), and every later one counts.
+	beaten := s.beaten.Load()
+	if len(replies) > 0 {
+		s.beaten.Store(true)
+	}
 	// This node vanished from a shard although it beat before: Redis lost
 	// its data, or the node stalled and was taken for dead. Recover now.
-	if missing && s.beaten.Swap(true) && !leaving {
+	if missing && beaten && !leaving {
 		s.log.Warn("redis no longer knew this node: re-asserting live connections")
 		s.lostData.Store(true)
 		s.healthy.Store(false)
