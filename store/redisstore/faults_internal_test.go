@@ -649,3 +649,39 @@ func TestRestartedNodeNoticesTheNextLoss(t *testing.T) {
 		return nil
 	})
 }
+
+// A node's beat lands in an emptied Redis and writes the node back; its
+// sweep runs before the beat's reply is handled (or the reply is lost to
+// a timeout). That sweep finds the node in NODES and no sweep record, as in
+// a fresh Redis: the beat itself must have marked the shard emptied, or
+// snapshots read meanwhile list the other nodes' users offline. The sweep
+// that sees the mark makes the node recover too.
+func TestBeatIntoEmptiedRedisMarksIt(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	a, _ := mkWith(t, Config{URL: r.URL(), Node: "a", TTL: 10 * time.Second, Grace: 100 * time.Millisecond,
+		NodeTTL: time.Minute, HoldOff: 10 * time.Second})
+	b, _ := mkWith(t, Config{URL: r.URL(), Node: "b", TTL: 10 * time.Second, Grace: 100 * time.Millisecond,
+		NodeTTL: time.Minute, HoldOff: 10 * time.Second})
+	must(t, a.AddMember(ctx, "t", "carol"))
+	must(t, b.Connect(ctx, presence.Conn{ID: "c2", UserID: "carol", Device: "web"}))
+	must(t, a.Sweep(ctx))
+	if _, err := r.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	// a's beat script, its reply not handled yet.
+	_, err := a.evalShards(ctx, a.sc.beat, func(sh int) call {
+		return call{keys: shardKeys(sh), args: []any{"a", "0", "1", a.cfg.HoldOff.Milliseconds()}}
+	})
+	must(t, err)
+	must(t, a.Sweep(ctx))
+	if _, err := b.WholeStates(ctx, []string{"carol"}); !errors.Is(err, ErrRecovering) {
+		t.Fatalf("a snapshot read on b after the loss: err %v; want ErrRecovering (carol is not written back)", err)
+	}
+	testwait.For(t, 5*time.Second, func() error {
+		if !a.lostData.Load() && !a.awaitingResync.Load() {
+			return errors.New("a has not started recovering from the loss its sweep saw")
+		}
+		return nil
+	})
+}

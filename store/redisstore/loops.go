@@ -173,8 +173,9 @@ func (s *Store) beatLoop() {
 }
 
 func (s *Store) beat(ctx context.Context, leaving bool) {
+	beaten := s.beaten.Load()
 	replies, err := s.evalShards(ctx, s.sc.beat, func(sh int) call {
-		return call{keys: shardKeys(sh), args: []any{s.cfg.Node, boolArg(leaving)}}
+		return call{keys: shardKeys(sh), args: []any{s.cfg.Node, boolArg(leaving), boolArg(beaten), s.cfg.HoldOff.Milliseconds()}}
 	})
 	if err != nil {
 		s.m.errors.WithLabelValues("beat").Inc()
@@ -192,7 +193,6 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	// The first beat that lands is this process's first: missing there is
 	// a fresh start (or its entry is still there, after a restart under the
 	// same id), and every later one counts.
-	beaten := s.beaten.Load()
 	if len(replies) > 0 {
 		s.beaten.Store(true)
 	}

@@ -458,6 +458,7 @@ func (s *Store) Sweep(ctx context.Context) error {
 	}
 	// What the healthy shards claimed is published even when others fail.
 	replies, errs := s.evalMany(ctx, s.sc.sweep, calls)
+	newlyEmptied := false
 	s.m.sweeps.Inc()
 	var err error
 	for sh, v := range replies {
@@ -472,13 +473,23 @@ func (s *Store) Sweep(ctx context.Context) error {
 		}
 		bit := uint64(1) << sh
 		if toInt(r[0]) == 1 {
-			s.emptied.Or(bit)
+			if s.emptied.Or(bit)&bit == 0 {
+				newlyEmptied = true
+			}
 		} else {
 			s.emptied.And(^bit)
 		}
 		if aerr := s.apply(ctx, store.OpSweep, r[1], start); aerr != nil {
 			err = cmp.Or(err, aerr)
 		}
+	}
+	// A shard marked emptied that this node's beats have not found so:
+	// the beat whose reply said so was lost (a timeout after the script
+	// ran), or this process started after the loss. Recover all the same.
+	if newlyEmptied && !s.lostData.Load() && !s.awaitingResync.Load() {
+		s.log.Warn("redis lost a shard's data: re-asserting live connections")
+		s.lostData.Store(true)
+		s.healthy.Store(false)
 	}
 	if err == nil {
 		err = s.forget(ctx)

@@ -26,7 +26,9 @@ local function swept() return {redis.call('EXISTS', EM), reply(out)} end
 -- be that of a user with a connection Redis does not know yet.
 local last = redis.call('GET', LS)
 redis.call('SET', LS, NOW_MS)
-local emptied = not last and (ARGV[8] == '1' or not redis.call('ZSCORE', NODES, ARGV[7]))
+-- (Or a node's beat found it missing and said so in EM: beat.lua.)
+local emptied = not last and (ARGV[8] == '1' or not redis.call('ZSCORE', NODES, ARGV[7])
+  or redis.call('EXISTS', EM) == 1)
 if emptied or (last and NOW_MS - tonumber(last) > gap) then
   redis.call('SET', HO, NOW_MS + holdoff)
   -- Reads of an emptied shard miss the users of nodes not written back yet:
