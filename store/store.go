@@ -61,7 +61,10 @@ type Tracker interface {
 type Teams interface {
 	// AddMember adds user to team; adding a member again changes nothing.
 	AddMember(ctx context.Context, team, user string) error
-	// RemoveMember removes user from team; removing a non-member changes nothing.
+	// RemoveMember removes user from team. Removing a non-member changes
+	// nothing but is announced as a leave all the same: after a shared store
+	// lost its data, nodes may still hold the membership it lost, and the
+	// event makes them drop it.
 	RemoveMember(ctx context.Context, team, user string) error
 	// TeamsOf lists the teams of user, sorted.
 	TeamsOf(ctx context.Context, user string) ([]string, error)

@@ -191,7 +191,8 @@ func (s *Store) membership(team, user string, join bool) error {
 	s.mu.Lock()
 	members := s.teams[team]
 	_, isMember := members[user]
-	if isMember == join {
+	// A removal of a non-member is announced all the same (store.Teams).
+	if join && isMember {
 		s.mu.Unlock()
 		return nil
 	}

@@ -58,3 +58,27 @@ func TestLatePublishTellsCurrentState(t *testing.T) {
 		return nil
 	})
 }
+
+// A removal that Redis had nothing to remove for (it lost its data, and the
+// membership was not restored) is still published: the nodes' index may
+// hold the membership, and would let the removed user hear the team until
+// a resync. Found by the chaos test: a user removed during an empty restart
+// was sent a team's changes for 9 s.
+func TestRemovalAfterDataLossIsPublished(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, h := mk(t, r.URL(), "a", 10*time.Second, 100*time.Millisecond)
+	must(t, s.AddMember(ctx, "t", "bob"))
+	if _, err := r.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	must(t, s.RemoveMember(ctx, "t", "bob"))
+	testwait.For(t, 5*time.Second, func() error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if !slices.Contains(h.mem, "t bob false") {
+			return fmt.Errorf("membership events %q, want the removal", h.mem)
+		}
+		return nil
+	})
+}

@@ -118,8 +118,11 @@ func (s *Store) membership(ctx context.Context, team, user string, join bool) er
 		return s.failed(store.OpMembership, fmt.Errorf("redisstore: %s: %w", what, errors.Join(ErrUnavailable, err)))
 	}
 	// Published when either side changed, so a retry after a half-done
-	// attempt still tells the viewers.
-	if userChanged == 0 && teamChanged == 0 {
+	// attempt still tells the viewers. A removal is published even when
+	// neither did: after Redis lost its data, the nodes' index of who is in
+	// which team may still hold the membership, and only this event makes
+	// them drop it (else the member keeps hearing the team until a resync).
+	if join && userChanged == 0 && teamChanged == 0 {
 		return nil
 	}
 	return s.publishMembership(ctx, team, user)
