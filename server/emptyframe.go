@@ -14,11 +14,7 @@ import (
 // finds those frames; each is then a sign of life and costs a rate token,
 // like any frame, in the connection's serial executor, where onMessage runs.
 func (s *Server) watchEmptyFrames(ws *websocket.Conn, c *client) {
-	raw := ws.Conn
-	if hc, ok := raw.(*nbhttp.Conn); ok { // upgraded from nbhttp's parser
-		raw = hc.Conn
-	}
-	nbc, ok := raw.(*nbio.Conn)
+	nbc, ok := socketOf(ws)
 	if !ok || ws.Execute == nil {
 		return
 	}
@@ -36,6 +32,16 @@ func (s *Server) watchEmptyFrames(ws *websocket.Conn, c *client) {
 		}
 		parse(conn, data)
 	})
+}
+
+// socketOf is the nbio connection under an upgraded WebSocket.
+func socketOf(ws *websocket.Conn) (*nbio.Conn, bool) {
+	raw := ws.Conn
+	if hc, ok := raw.(*nbhttp.Conn); ok { // upgraded from nbhttp's parser
+		raw = hc.Conn
+	}
+	nbc, ok := raw.(*nbio.Conn)
+	return nbc, ok
 }
 
 // frameWalker follows the frame headers of a client's byte stream, skipping

@@ -155,6 +155,9 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the upgrader has answered
 	}
+	if nbc, ok := socketOf(ws); ok {
+		s.adm.authenticated(nbc)
+	}
 	now := s.cfg.Now()
 	c := &client{
 		srv:    s,

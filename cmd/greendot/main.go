@@ -91,6 +91,8 @@ type serveOptions struct {
 	maxConnecting     int
 	maxUserConns      int
 	allowedOrigins    string
+	handshakeTimeout  time.Duration
+	maxUnauthPerIP    int
 	origins           []string // allowedOrigins, parsed by validate
 }
 
@@ -116,6 +118,8 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs.IntVar(&o.maxConnecting, "max-connecting", 64, "connects a node registers at once; more wait up to 3s, then get 503")
 	fs.IntVar(&o.maxUserConns, "max-connections-per-user", 20, "live connections one user may hold on this node (per node, not cluster-wide); the next gets 429; 0 = unlimited")
 	fs.StringVar(&o.allowedOrigins, "allowed-origins", "", "comma-separated origins (exact scheme://host[:port]) whose pages may open WebSockets; empty = any")
+	durationVar(fs, &o.handshakeTimeout, "handshake-timeout", 5*time.Second, "a socket must send a whole request head within this `duration` of its accept, or of its previous response")
+	fs.IntVar(&o.maxUnauthPerIP, "max-unauthenticated-per-ip", 1024, "sockets one remote IP may hold before a WebSocket upgrade or a request with the API key; the next gets 429; 0 = unlimited")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060); off when empty")
 	return fs
 }
@@ -161,6 +165,10 @@ func (o *serveOptions) validate() error {
 		return fmt.Errorf("--forget-after (%v) must be 0 (never) or at least --offline-grace (%v)", o.forgetAfter, o.grace)
 	case o.maxConnecting < 1:
 		return fmt.Errorf("--max-connecting must be at least 1, got %d", o.maxConnecting)
+	case o.handshakeTimeout <= 0:
+		return fmt.Errorf("--handshake-timeout must be positive, got %v", o.handshakeTimeout)
+	case o.maxUnauthPerIP < 0:
+		return fmt.Errorf("--max-unauthenticated-per-ip must be 0 (unlimited) or more, got %d", o.maxUnauthPerIP)
 	case o.maxUserConns < 0:
 		return fmt.Errorf("--max-connections-per-user must be 0 (unlimited) or more, got %d", o.maxUserConns)
 	case o.jwtSecret == "" && (o.jwtAudience != "" || o.jwtIssuer != ""):
@@ -235,22 +243,28 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if userConns == 0 {
 		userConns = -1 // the flag's 0 is unlimited; Config's 0 means its default
 	}
+	unauthPerIP := o.maxUnauthPerIP
+	if unauthPerIP == 0 {
+		unauthPerIP = -1
+	}
 	srv, err := server.New(server.Config{
-		Addr:                  o.addr,
-		Store:                 st,
-		NodeID:                o.nodeID,
-		TTL:                   o.ttl,
-		HeartbeatInterval:     o.heartbeatInterval,
-		Grace:                 o.grace,
-		JWTSecret:             o.jwtSecret,
-		JWTAudience:           o.jwtAudience,
-		JWTIssuer:             o.jwtIssuer,
-		APIKey:                o.apiKey,
-		MaxConnecting:         o.maxConnecting,
-		MaxConnectionsPerUser: userConns,
-		AllowedOrigins:        o.origins,
-		Static:                greendot.DemoHandler(),
-		Logger:                log,
+		Addr:                    o.addr,
+		Store:                   st,
+		NodeID:                  o.nodeID,
+		TTL:                     o.ttl,
+		HeartbeatInterval:       o.heartbeatInterval,
+		Grace:                   o.grace,
+		JWTSecret:               o.jwtSecret,
+		JWTAudience:             o.jwtAudience,
+		JWTIssuer:               o.jwtIssuer,
+		APIKey:                  o.apiKey,
+		MaxConnecting:           o.maxConnecting,
+		MaxConnectionsPerUser:   userConns,
+		AllowedOrigins:          o.origins,
+		HandshakeTimeout:        o.handshakeTimeout,
+		MaxUnauthenticatedPerIP: unauthPerIP,
+		Static:                  greendot.DemoHandler(),
+		Logger:                  log,
 	})
 	if err != nil {
 		return err
