@@ -62,6 +62,7 @@ const (
 // WebSocket close codes used by the server.
 const (
 	CloseNormal         = 1000
+	CloseProtocolError  = 1002 // a frame that breaks RFC 6455: reserved bits or opcodes, unmasked
 	CloseUnsupported    = 1003 // a binary frame
 	ClosePolicy         = 1008 // a flood, or bad frames that keep coming
 	CloseTooBig         = 1009

@@ -17,6 +17,7 @@ const (
 	reasonUnknownType  = "unknown_type"
 	reasonRateLimited  = "rate_limited"
 	reasonBinary       = "binary"
+	reasonProtocol     = "protocol_error"
 	reasonUnauthorized = "unauthorized"
 	reasonDraining     = "draining"
 	reasonOverloaded   = "overloaded"
@@ -127,7 +128,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	// (greendot_go_memstats_heap_alloc_bytes, …).
 	prometheus.WrapRegistererWithPrefix(ns+"_", reg).MustRegister(collectors.NewGoCollector())
 	// Pre-create label values so dashboards see zeros, not gaps.
-	for _, r := range []string{reasonBadRequest, reasonUnknownType, reasonRateLimited, reasonBinary} {
+	for _, r := range []string{reasonBadRequest, reasonUnknownType, reasonRateLimited, reasonBinary, reasonProtocol} {
 		m.framesRejected.WithLabelValues(r)
 	}
 	for _, s := range []string{"online", "away", "offline"} {

@@ -113,6 +113,7 @@ type Server struct {
 
 	refusedLog throttledLog
 	adm        *admission
+	walkers    frameWalkers
 
 	draining atomic.Bool
 	stopOnce sync.Once
@@ -265,6 +266,7 @@ func (s *Server) Start() error {
 	s.engine.OnClose(func(c net.Conn, _ error) {
 		if nc, ok := c.(*nbio.Conn); ok {
 			s.adm.closed(nc)
+			s.walkers.m.Delete(nc)
 		}
 	})
 	if err := s.engine.Start(); err != nil {
@@ -488,11 +490,18 @@ const maxRequestHead = 16 << 10
 const maxBody = 4 << 20
 
 // onData feeds a connection's bytes to nbio's parser, through a requestGate
-// while the connection speaks HTTP.
+// while the connection speaks HTTP, and through onFrames (emptyframe.go)
+// once it speaks WebSocket.
 func (s *Server) onData(c *nbio.Conn, data []byte) {
 	handover()
-	p, ok := c.Session().(*nbhttp.Parser)
-	if !ok {
+	var p *nbhttp.Parser
+	switch sess := c.Session().(type) {
+	case *nbhttp.Parser:
+		p = sess
+	case *websocket.Conn:
+		s.onFrames(c, sess, data)
+		return
+	default:
 		c.DataHandler()(c, data)
 		return
 	}

@@ -170,7 +170,6 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	c.tokens = float64(s.cfg.RateBurst)
 	c.refilled = now
 	ws.SetSession(c)
-	s.watchEmptyFrames(ws, c)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
