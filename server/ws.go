@@ -560,7 +560,7 @@ func (s *Server) answerQuery(ctx context.Context, c *client, q *protocol.Query) 
 		if !protocol.ValidID(id) {
 			s.metrics.framesRejected.WithLabelValues(reasonBadRequest).Inc()
 			c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeBadRequest,
-				Message: "query: every user id must be 1-128 bytes of printable UTF-8"})
+				Message: protocol.MsgBadQueryID})
 			return
 		}
 	}
