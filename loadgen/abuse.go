@@ -14,10 +14,12 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -31,6 +33,7 @@ type AbuseOptions struct {
 	Conns     int           // sockets per flood; 200
 	Idle      int           // sockets of the idle flood; 2000
 	Phase     time.Duration // each flood's duration; 10s
+	Floods    []string      // which of AbusePhases, in their order; empty: all
 	JWTSecret string        // signs the clients' tokens; empty: dev mode (?user=)
 	Progress  io.Writer     // a line per phase; nil: none
 }
@@ -51,6 +54,11 @@ func Abuse(ctx context.Context, o AbuseOptions) (*Result, error) {
 	}
 	if o.Phase <= 0 {
 		o.Phase = 10 * time.Second
+	}
+	for _, f := range o.Floods {
+		if !slices.Contains(AbusePhases(), f) {
+			return nil, fmt.Errorf("loadgen: abuse: unknown flood %q (%s)", f, strings.Join(AbusePhases(), ", "))
+		}
 	}
 	u, err := url.Parse(o.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "ws") || u.Host == "" {
@@ -74,7 +82,12 @@ func Abuse(ctx context.Context, o AbuseOptions) (*Result, error) {
 	defer func() { stopBy(); by.c.Close(); byWG.Wait() }()
 
 	// A quiet phase first: what the bystander sees with nobody abusing.
-	phases := append([]string{"quiet"}, AbusePhases()...)
+	phases := []string{"quiet"}
+	for _, p := range AbusePhases() {
+		if len(o.Floods) == 0 || slices.Contains(o.Floods, p) {
+			phases = append(phases, p)
+		}
+	}
 	for _, p := range phases {
 		if ctx.Err() != nil {
 			break
@@ -87,6 +100,7 @@ func Abuse(ctx context.Context, o AbuseOptions) (*Result, error) {
 		hist.h = Histogram{} // each phase's own
 		hist.mu.Unlock()
 		lost.Store(0)
+		selfBefore := selfCPU()
 		pctx, cancel := context.WithTimeout(ctx, o.Phase)
 		peak := a.samplePeak(pctx)
 		stats := a.flood(pctx, p)
@@ -99,6 +113,7 @@ func Abuse(ctx context.Context, o AbuseOptions) (*Result, error) {
 		}
 		h := hist.take()
 		res.add(p+"_server_cpu_s", p+": server CPU", after.Get(mCPU)-before.Get(mCPU), "s")
+		res.add(p+"_loadgen_cpu_s", p+": load generator CPU (same machine)", selfCPU()-selfBefore, "s")
 		res.add(p+"_rss_peak_mib", p+": server RSS, highest sampled", rss/(1<<20), "MiB")
 		p99 := math.NaN()
 		if h.N > 0 {
@@ -167,52 +182,58 @@ func (a *abuser) flood(ctx context.Context, phase string) string {
 		wg                          sync.WaitGroup
 		opened, closedByNode, fails atomic.Int64
 	)
-	// run starts n goroutines of f, each owning one socket; f returns when
-	// the node closed it (true) or ctx ended.
-	run := func(n int, f func(int) (bool, error)) {
+	// run starts n goroutines of f, each owning a socket at a time; f
+	// returns how many of its sockets the node closed, when ctx ends or it
+	// gives up.
+	run := func(n int, f func(int) (int, error)) {
 		for i := range n {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				closed, err := f(i)
-				switch {
-				case err != nil && ctx.Err() == nil:
+				closedByNode.Add(int64(closed))
+				if err != nil && ctx.Err() == nil {
 					fails.Add(1)
-				case closed:
-					closedByNode.Add(1)
 				}
 			}()
 		}
+	}
+	one := func(closed bool, err error) (int, error) {
+		if closed {
+			return 1, err
+		}
+		return 0, err
 	}
 	switch phase {
 	case "quiet":
 	case "headers":
 		// A head that never ends: one header growing to 1 MiB.
-		run(a.o.Conns, func(int) (bool, error) {
-			return a.rawFlood(ctx, &opened, "GET /v1/connect HTTP/1.1\r\nHost: x\r\nX-Big: ", 'a', 1<<20)
+		run(a.o.Conns, func(int) (int, error) {
+			return one(a.rawFlood(ctx, &opened, "GET /v1/connect HTTP/1.1\r\nHost: x\r\nX-Big: ", 'a', 1<<20))
 		})
 	case "bodies":
 		// A 4 MB query body without the API key, sent in full.
-		run(a.o.Conns, func(int) (bool, error) {
-			return a.rawFlood(ctx, &opened, "POST /v1/presence/query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000001\r\n\r\n", 'a', 4000000)
+		run(a.o.Conns, func(int) (int, error) {
+			return one(a.rawFlood(ctx, &opened, "POST /v1/presence/query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000001\r\n\r\n", 'a', 4000000))
 		})
 	case "queries":
 		// One user's connections, each sending 500-id queries and reading
 		// nothing; a closed one dials again, at most 10 times.
 		q := bigQuery()
-		run(min(a.o.Conns, 20), func(int) (bool, error) {
-			var closed bool
+		run(min(a.o.Conns, 20), func(int) (int, error) {
+			closed := 0
 			for range 10 {
 				ws, err := a.dialWS(ctx, "abuser")
 				if err != nil {
 					return closed, err
 				}
 				opened.Add(1)
-				closed = ws.writeUntil(ctx, q)
+				byNode := ws.writeUntil(ctx, q)
 				ws.c.Close()
-				if !closed {
-					return false, nil
+				if !byNode {
+					break
 				}
+				closed++
 			}
 			return closed, nil
 		})
@@ -222,22 +243,22 @@ func (a *abuser) flood(ctx context.Context, phase string) string {
 		for range 64 {
 			pings = append(pings, maskedFrame(0x89, []byte("abcdefgh"))...)
 		}
-		run(a.o.Conns, func(i int) (bool, error) {
+		run(a.o.Conns, func(i int) (int, error) {
 			ws, err := a.dialWS(ctx, fmt.Sprintf("pinger%d", i))
 			if err != nil {
-				return false, err
+				return 0, err
 			}
 			opened.Add(1)
 			defer ws.c.Close()
-			return ws.writeUntil(ctx, pings), nil
+			return one(ws.writeUntil(ctx, pings), nil)
 		})
 	case "idle":
 		// Sockets that connect and send nothing.
 		var refused atomic.Int64
-		run(a.o.Idle, func(int) (bool, error) {
+		run(a.o.Idle, func(int) (int, error) {
 			c, err := (&net.Dialer{}).DialContext(ctx, "tcp", a.addr)
 			if err != nil {
-				return false, err
+				return 0, err
 			}
 			opened.Add(1)
 			defer c.Close()
@@ -248,7 +269,7 @@ func (a *abuser) flood(ctx context.Context, phase string) string {
 				refused.Add(1)
 			}
 			var ne net.Error
-			return !(errors.As(err, &ne) && ne.Timeout()), nil
+			return one(!(errors.As(err, &ne) && ne.Timeout()), nil)
 		})
 		wg.Wait()
 		return fmt.Sprintf("%d sockets opened, %d closed by the node (%d of them refused with 429 at accept), %d failed to open",
@@ -457,6 +478,15 @@ func readServerFrame(br *bufio.Reader) (op byte, payload []byte, err error) {
 	payload = make([]byte, n)
 	_, err = io.ReadFull(br, payload)
 	return h[0] & 0x0f, payload, err
+}
+
+// selfCPU is this process's CPU time so far, in seconds.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return math.NaN()
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // procStatusKiB reads a "Vm…: N kB" line of /proc/<pid>/status.

@@ -452,15 +452,19 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 		c.closeWith(protocol.CloseUnsupported, "binary frames are not accepted")
 		return
 	}
+	now := s.cfg.Now()
+	s.signOfLife(c, now)
+	// Refused frames in a row before this one: a query refused for its ids
+	// continues the streak that its first token ended (see below).
+	streak := c.limited
+	// The rate limit comes first: a flood of big frames costs no JSON scan.
+	if !c.allow(now, 1) {
+		return
+	}
 	if len(data) > protocol.MaxSmallFrame && !isQuery(data) {
 		// The contract's 4 KiB holds for every frame but a query, which
 		// nbio reads up to MaxFrameSize for its 500 ids.
 		c.closeWith(protocol.CloseTooBig, "message exceeds the configured limit")
-		return
-	}
-	now := s.cfg.Now()
-	s.signOfLife(c, now)
-	if !c.allow(now, 1) {
 		return
 	}
 	f, err := protocol.DecodeClientFrame(data)
@@ -511,8 +515,14 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 		s.metrics.frames.WithLabelValues(protocol.TypeQuery).Inc()
 		// One token per 10 ids (DESIGN.md, Limits), the frame's own included:
 		// a big query costs what the store work it causes is worth.
-		if extra := queryCost(len(f.Query.UserIDs)) - 1; extra > 0 && !c.allow(now, extra) {
-			return
+		if extra := queryCost(len(f.Query.UserIDs)) - 1; extra > 0 {
+			// Refused, the query is a rate-limited frame like any: else a
+			// flood of big queries, each passing its first token, would
+			// never reach the 1008 close.
+			c.limited = streak
+			if !c.allow(now, extra) {
+				return
+			}
 		}
 		s.answerQuery(ctx, c, f.Query)
 	}

@@ -49,6 +49,7 @@ func benchAbuse(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.Idle, "idle", 2000, "sockets of the idle flood")
 	durationVar(fs, &o.Phase, "phase", 10*time.Second, "the `duration` of each flood")
 	fs.StringVar(&o.JWTSecret, "jwt-secret", "", "the node's --jwt-secret, to sign tokens; or GREENDOT_JWT_SECRET (unset: dev mode)")
+	floods := fs.String("floods", "", "comma-separated floods to run, of "+strings.Join(loadgen.AbusePhases(), ",")+"; empty: all")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -58,6 +59,9 @@ func benchAbuse(args []string, stdout, stderr io.Writer) error {
 	}
 	if o.JWTSecret == "" {
 		o.JWTSecret = os.Getenv("GREENDOT_JWT_SECRET")
+	}
+	if *floods != "" {
+		o.Floods = strings.Split(*floods, ",")
 	}
 	if !*quiet {
 		o.Progress = stderr
