@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -62,6 +63,7 @@ const (
 // WebSocket close codes used by the server.
 const (
 	CloseNormal         = 1000
+	CloseProtocolError  = 1002 // a frame that breaks RFC 6455: reserved bits or opcodes, unmasked
 	CloseUnsupported    = 1003 // a binary frame
 	ClosePolicy         = 1008 // a flood, or bad frames that keep coming
 	CloseTooBig         = 1009
@@ -273,11 +275,71 @@ func DecodeClientFrame(data []byte) (ClientFrame, error) {
 		if len(raw.UserIDs) > MaxQueryIDs {
 			return ClientFrame{}, &DecodeError{Code: CodeTooManyIDs, Message: fmt.Sprintf("a query takes at most %d user ids", MaxQueryIDs)}
 		}
+		if err := checkIntactIDs(data, raw.UserIDs); err != nil {
+			return ClientFrame{}, err
+		}
 		f.Query = &Query{Type: TypeQuery, ID: raw.ID, UserIDs: raw.UserIDs}
 	default:
 		return ClientFrame{}, &DecodeError{Code: CodeUnknownType, Message: fmt.Sprintf("unknown frame type %q", truncate(*raw.Type, 64))}
 	}
 	return f, nil
+}
+
+// checkIntactIDs refuses a query whose ids encoding/json decoded with a
+// loss: a lone surrogate escape (`\ud800`) becomes U+FFFD without an error.
+// Only ids holding U+FFFD need the second look at the frame.
+func checkIntactIDs(data []byte, ids []string) error {
+	lossy := false
+	for _, id := range ids {
+		lossy = lossy || strings.ContainsRune(id, utf8.RuneError)
+	}
+	if !lossy {
+		return nil
+	}
+	var raw struct {
+		UserIDs []json.RawMessage `json:"user_ids"`
+	}
+	if json.Unmarshal(data, &raw) != nil || len(raw.UserIDs) != len(ids) {
+		return badRequest(MsgBadQueryID)
+	}
+	for i, r := range raw.UserIDs {
+		if !IntactString(r, ids[i]) {
+			return badRequest(MsgBadQueryID)
+		}
+	}
+	return nil
+}
+
+// MsgBadQueryID is the message of a query with an invalid id, whether the
+// decoder or the id check finds it.
+const MsgBadQueryID = "query: every user id must be 1-128 bytes of printable UTF-8"
+
+// IntactString reports whether decoding the JSON string raw into s lost
+// nothing: encoding/json turns invalid UTF-8 and lone surrogate escapes
+// (`\ud800`) into U+FFFD, so s must hold no more U+FFFD than raw spells,
+// as the character itself or as `\ufffd`.
+func IntactString(raw []byte, s string) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	spelled := 0
+	for i := 0; i < len(raw); {
+		if raw[i] == '\\' && i+1 < len(raw) {
+			if raw[i+1] == 'u' && i+6 <= len(raw) && strings.EqualFold(string(raw[i+2:i+6]), "fffd") {
+				spelled++
+				i += 6
+				continue
+			}
+			i += 2 // any other escape, \\ included
+			continue
+		}
+		r, size := utf8.DecodeRune(raw[i:])
+		if r == utf8.RuneError {
+			spelled++
+		}
+		i += size
+	}
+	return strings.Count(s, "\uFFFD") <= spelled
 }
 
 var (

@@ -27,6 +27,9 @@ func TestDecodeClientFrame(t *testing.T) {
 		{`{"type":"query","id":"q","user_ids":[]}`, ""},
 		{`{"type":"query","user_ids":null}`, CodeBadRequest},
 		{`{"type":"query","user_ids":[` + strings.Repeat(`"a",`, 500) + `"a"]}`, CodeTooManyIDs},
+		{`{"type":"query","user_ids":["a\ud800b"]}`, CodeBadRequest}, // a lone surrogate escape
+		{`{"type":"query","user_ids":["\ufffd","\udfff"]}`, CodeBadRequest},
+		{`{"type":"query","user_ids":["\ufffd","\ud83d\ude00","` + "\uFFFD" + `"]}`, ""},
 		{`{"type":"nope"}`, CodeUnknownType},
 		{`{"type":null}`, CodeBadRequest},
 		{``, CodeBadRequest},

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/protocol"
@@ -103,7 +102,7 @@ func (s *Server) handleQuery(ctx context.Context, w http.ResponseWriter, r *http
 		if err := json.Unmarshal(raw, &ids[i]); err != nil {
 			return badRequest(`body must be {"user_ids":[…]}`)
 		}
-		if !protocol.ValidID(ids[i]) || !intactUTF8(raw, ids[i]) {
+		if !protocol.ValidID(ids[i]) || !protocol.IntactString(raw, ids[i]) {
 			return badRequest(errBadID("user").Error())
 		}
 	}
@@ -232,32 +231,4 @@ func writeError(w http.ResponseWriter, status int, code, message string) {
 	writeJSON(w, status, struct {
 		Error body `json:"error"`
 	}{body{code, message}})
-}
-
-// intactUTF8 reports whether decoding the JSON string raw into s lost
-// nothing: encoding/json turns invalid UTF-8 and lone surrogate escapes
-// (`\ud800`) into U+FFFD, so s must hold no more U+FFFD than raw spells,
-// as the character itself or as `\ufffd`.
-func intactUTF8(raw []byte, s string) bool {
-	if !utf8.Valid(raw) {
-		return false
-	}
-	spelled := 0
-	for i := 0; i < len(raw); {
-		if raw[i] == '\\' && i+1 < len(raw) {
-			if raw[i+1] == 'u' && i+6 <= len(raw) && strings.EqualFold(string(raw[i+2:i+6]), "fffd") {
-				spelled++
-				i += 6
-				continue
-			}
-			i += 2 // any other escape, \\ included
-			continue
-		}
-		r, size := utf8.DecodeRune(raw[i:])
-		if r == utf8.RuneError {
-			spelled++
-		}
-		i += size
-	}
-	return strings.Count(s, "\uFFFD") <= spelled
 }

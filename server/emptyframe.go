@@ -2,72 +2,99 @@ package server
 
 import (
 	"encoding/binary"
+	"sync"
 
 	"github.com/lesismal/nbio"
 	"github.com/lesismal/nbio/nbhttp"
 	"github.com/lesismal/nbio/nbhttp/websocket"
+
+	"github.com/greendot/greendot/protocol"
 )
 
 // nbio drops a text frame with no payload before any handler sees it, yet
-// any frame is a sign of life (docs/protocol.md). watchEmptyFrames wraps the
-// connection's reader with a walker of the client's frame headers, which
-// finds those frames; each is then a sign of life and costs a rate token,
-// like any frame, in the connection's serial executor, where onMessage runs.
-func (s *Server) watchEmptyFrames(ws *websocket.Conn, c *client) {
-	raw := ws.Conn
-	if hc, ok := raw.(*nbhttp.Conn); ok { // upgraded from nbhttp's parser
-		raw = hc.Conn
+// any frame is a sign of life (docs/protocol.md); and it answers a frame
+// that breaks RFC 6455 (reserved bits or opcodes, a fragmented or long
+// control frame) with a bare TCP close, and takes unmasked client frames
+// as if masked. onFrames walks the client's frame headers ahead of nbio's
+// parser to do both right: each empty text frame is a sign of life and
+// costs a rate token, in the connection's serial executor where onMessage
+// runs; at the first broken frame the frames before it are parsed and the
+// connection is closed with 1002.
+//
+// The walk begins with the first read after the upgrade, where nbio has
+// just made the socket's session a *websocket.Conn (before it writes the
+// 101): a client that waits for the 101, as RFC 6455 4.1 says it must,
+// is walked from its first frame.
+type frameWalkers struct{ m sync.Map } // *nbio.Conn → *frameWalker, deleted at close
+
+func (s *Server) onFrames(c *nbio.Conn, ws *websocket.Conn, data []byte) {
+	v, ok := s.walkers.m.Load(c)
+	if !ok {
+		v, _ = s.walkers.m.LoadOrStore(c, &frameWalker{})
 	}
-	nbc, ok := raw.(*nbio.Conn)
-	if !ok || ws.Execute == nil {
-		return
-	}
-	parse := nbc.DataHandler()
-	var w frameWalker // only this connection's reads touch it, one at a time
-	nbc.OnData(func(conn *nbio.Conn, data []byte) {
+	w := v.(*frameWalker) // only this connection's reads touch it, one at a time
+	empty, bad, at := w.walk(data)
+	cl, _ := ws.Session().(*client) // nil for a moment after the upgrade
+	if cl != nil && ws.Execute != nil {
 		// Queued before the parse queues the read's other frames, so a
 		// frame answered after an empty one sees its effect.
-		for range w.emptyTexts(data) {
+		for range empty {
 			ws.Execute(func() {
 				now := s.cfg.Now()
-				s.signOfLife(c, now)
-				c.allow(now, 1)
+				s.signOfLife(cl, now)
+				cl.allow(now, 1)
 			})
 		}
-		parse(conn, data)
-	})
+	}
+	if bad == "" {
+		c.DataHandler()(c, data)
+		return
+	}
+	if at > 0 {
+		c.DataHandler()(c, data[:at])
+	}
+	s.metrics.framesRejected.WithLabelValues(reasonProtocol).Inc()
+	if cl != nil {
+		cl.closeWith(protocol.CloseProtocolError, bad)
+		return
+	}
+	_ = ws.WriteClose(protocol.CloseProtocolError, bad)
+	_ = ws.Close()
 }
 
 // frameWalker follows the frame headers of a client's byte stream, skipping
-// payloads, to count complete text frames without payload. It is installed
-// just after the upgrade; bytes a fast client sent before that would put it
-// out of step, which a header without the client's mask bit reveals: it then
-// stops, and empty frames go unnoticed again, as nbio leaves them.
+// payloads: it counts complete text frames without payload and stops at the
+// first header that breaks the protocol.
 type frameWalker struct {
 	skip uint64 // payload bytes of the current frame still to come
 	head []byte // the current header, as far as read
-	lost bool
+	bad  string // why the stream broke the protocol; nothing more is walked
 }
 
-// emptyTexts walks data and returns how many empty text frames ended in it.
-func (w *frameWalker) emptyTexts(data []byte) (n int) {
-	for len(data) > 0 && !w.lost {
+// walk walks data. It returns how many empty text frames ended in it and,
+// when a header in it breaks the protocol, why and at which offset of data
+// that frame begins (0 when it began in an earlier read).
+func (w *frameWalker) walk(data []byte) (empty int, bad string, at int) {
+	if w.bad != "" {
+		return 0, w.bad, 0
+	}
+	off := 0
+	for off < len(data) {
 		if w.skip > 0 {
-			k := min(uint64(len(data)), w.skip)
+			k := min(uint64(len(data)-off), w.skip)
 			w.skip -= k
-			data = data[k:]
+			off += int(k)
 			continue
 		}
-		w.head = append(w.head, data[0])
-		data = data[1:]
+		w.head = append(w.head, data[off])
+		off++
 		if len(w.head) < headerLen(w.head) {
 			continue
 		}
-		b0, b1 := w.head[0], w.head[1]
-		if b1&0x80 == 0 { // clients must mask every frame
-			w.lost = true
-			return n
+		if w.bad = brokenHeader(w.head); w.bad != "" {
+			return empty, w.bad, max(0, off-len(w.head))
 		}
+		b0, b1 := w.head[0], w.head[1]
 		size := uint64(b1 & 0x7f)
 		switch size {
 		case 126:
@@ -76,18 +103,38 @@ func (w *frameWalker) emptyTexts(data []byte) (n int) {
 			size = binary.BigEndian.Uint64(w.head[2:10])
 		}
 		if size == 0 && b0 == 0x81 { // FIN, no RSV bits, opcode text
-			n++
+			empty++
 		}
 		w.skip = size
 		w.head = w.head[:0]
 	}
-	return n
+	return empty, "", 0
+}
+
+// brokenHeader says how a client frame's complete header breaks RFC 6455
+// (5.2, 5.5), or "". No extension is negotiated, so no RSV bit may be set.
+func brokenHeader(h []byte) string {
+	b0, b1 := h[0], h[1]
+	op := b0 & 0x0f
+	switch {
+	case b1&0x80 == 0:
+		return "client frames must be masked"
+	case b0&0x70 != 0:
+		return "reserved bits set"
+	case (op >= 3 && op <= 7) || op >= 0xb:
+		return "reserved opcode"
+	case op >= 8 && b0&0x80 == 0:
+		return "fragmented control frame"
+	case op >= 8 && b1&0x7f > 125:
+		return "control frame over 125 bytes"
+	}
+	return ""
 }
 
 // headerLen is the length of a masked frame header that begins with h (2
-// while its second byte is unknown).
+// while its second byte is unknown). An unmasked header is judged at 2.
 func headerLen(h []byte) int {
-	if len(h) < 2 {
+	if len(h) < 2 || h[1]&0x80 == 0 {
 		return 2
 	}
 	switch h[1] & 0x7f {
@@ -97,4 +144,14 @@ func headerLen(h []byte) int {
 		return 2 + 8 + 4
 	}
 	return 2 + 4
+}
+
+// socketOf is the nbio connection under an upgraded WebSocket.
+func socketOf(ws *websocket.Conn) (*nbio.Conn, bool) {
+	raw := ws.Conn
+	if hc, ok := raw.(*nbhttp.Conn); ok { // upgraded from nbhttp's parser
+		raw = hc.Conn
+	}
+	nbc, ok := raw.(*nbio.Conn)
+	return nbc, ok
 }

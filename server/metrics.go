@@ -17,6 +17,7 @@ const (
 	reasonUnknownType  = "unknown_type"
 	reasonRateLimited  = "rate_limited"
 	reasonBinary       = "binary"
+	reasonProtocol     = "protocol_error"
 	reasonUnauthorized = "unauthorized"
 	reasonDraining     = "draining"
 	reasonOverloaded   = "overloaded"
@@ -40,6 +41,7 @@ type metrics struct {
 	framesRejected     *prometheus.CounterVec
 	connectsRejected   *prometheus.CounterVec
 	httpRefused        *prometheus.CounterVec
+	socketsRefused     *prometheus.CounterVec
 	heartbeatGap       prometheus.Histogram
 	expirations        prometheus.Counter
 	detectionLag       prometheus.Histogram
@@ -78,6 +80,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Connection attempts refused before the upgrade, by reason."}, []string{"reason"}),
 		httpRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "http_requests_refused_total",
 			Help: "HTTP requests refused, and their connections closed, before a handler ran, by reason."}, []string{"reason"}),
+		socketsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "sockets_refused_total",
+			Help: "Sockets answered and closed at accept, before anything was read, by reason."}, []string{"reason"}),
 		heartbeatGap: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "heartbeat_gap_seconds",
 			Help:    "Time between consecutive frames of a connection.",
 			Buckets: []float64{0.5, 1, 2.5, 5, 7.5, 10, 12.5, 15, 20, 25, 30, 60}}),
@@ -115,7 +119,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Changes queued by resyncs: only what differed from what viewers held."}),
 	}
 	reg.MustRegister(m.connections, m.usersOnline, m.heartbeats, m.frames, m.framesRejected,
-		m.connectsRejected, m.httpRefused, m.heartbeatGap, m.expirations, m.detectionLag, m.graceStarted,
+		m.connectsRejected, m.httpRefused, m.socketsRefused, m.heartbeatGap, m.expirations, m.detectionLag, m.graceStarted,
 		m.graceCancellations, m.changes, m.fanout, m.deliveries, m.coalesced, m.dropped,
 		m.slowDisconnects, m.storeLatency, m.storeErrors, m.resyncs, m.resyncDeliveries,
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: ns}),
@@ -124,7 +128,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	// (greendot_go_memstats_heap_alloc_bytes, …).
 	prometheus.WrapRegistererWithPrefix(ns+"_", reg).MustRegister(collectors.NewGoCollector())
 	// Pre-create label values so dashboards see zeros, not gaps.
-	for _, r := range []string{reasonBadRequest, reasonUnknownType, reasonRateLimited, reasonBinary} {
+	for _, r := range []string{reasonBadRequest, reasonUnknownType, reasonRateLimited, reasonBinary, reasonProtocol} {
 		m.framesRejected.WithLabelValues(r)
 	}
 	for _, s := range []string{"online", "away", "offline"} {
@@ -132,6 +136,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.httpRefused.WithLabelValues(reasonHeadTooLarge)
 	m.httpRefused.WithLabelValues(reasonBodyUnauthorized)
+	m.socketsRefused.WithLabelValues(reasonFDLimit)
+	m.socketsRefused.WithLabelValues(reasonUnauthenticIP)
 	m.dropped.WithLabelValues(reasonStale)
 	m.dropped.WithLabelValues(reasonSlow)
 	m.heartbeatFrames = m.frames.WithLabelValues(protocol.TypeHeartbeat)

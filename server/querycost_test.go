@@ -167,3 +167,16 @@ func TestClientPingsAreRateLimited(t *testing.T) {
 	}
 	c.expectClosed(websocket.StatusPolicyViolation)
 }
+
+// A flood of queries too big for the bucket is closed like any flood
+// (1008), though each one's first token passes: 81 refused in a row.
+func TestQueryFloodIsClosed(t *testing.T) {
+	ts := startServer(t) // a real clock: 20 tokens/s, burst 40, a 500-id query costs 50
+	c := ts.dialSilent(t, "alice")
+	q := map[string]any{"type": "query", "id": "q", "user_ids": ids(500)}
+	for range 81 {
+		c.send(q)
+	}
+	c.expectError("rate_limited") // once, at the start of the streak
+	c.expectClosed(websocket.StatusPolicyViolation)
+}

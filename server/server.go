@@ -74,10 +74,18 @@ type Config struct {
 	// scheme://host[:port], see ParseOrigins) an upgrade may carry; an
 	// upgrade without Origin (not from a browser) is let through.
 	AllowedOrigins []string
-	Static         http.Handler // serves the demo page at /, if set
-	Logger         *slog.Logger
-	Registry       *prometheus.Registry // metrics; a new registry when nil
-	Now            func() time.Time
+	// HandshakeTimeout bounds how long a socket may take to send a whole
+	// request head, from its accept or from the end of its previous
+	// response (the idle time of an HTTP keep-alive connection). 5s.
+	HandshakeTimeout time.Duration
+	// MaxUnauthenticatedPerIP bounds the sockets of one remote IP that have
+	// not authenticated: no WebSocket upgrade accepted, no request with the
+	// API key. The next one gets 429 at accept. 1024; <0 unlimited.
+	MaxUnauthenticatedPerIP int
+	Static                  http.Handler // serves the demo page at /, if set
+	Logger                  *slog.Logger
+	Registry                *prometheus.Registry // metrics; a new registry when nil
+	Now                     func() time.Time
 }
 
 // Server is one greendot node.
@@ -104,6 +112,8 @@ type Server struct {
 	addr        string
 
 	refusedLog throttledLog
+	adm        *admission
+	walkers    frameWalkers
 
 	draining atomic.Bool
 	stopOnce sync.Once
@@ -125,6 +135,13 @@ func New(cfg Config) (*Server, error) {
 	setDefault(&cfg.SweepInterval, 100*time.Millisecond)
 	setDefault(&cfg.FlushDelay, 5*time.Millisecond)
 	setDefault(&cfg.ConnectQueueWait, 3*time.Second)
+	setDefault(&cfg.HandshakeTimeout, 5*time.Second)
+	if cfg.HandshakeTimeout < 0 {
+		return nil, errors.New("server: handshake timeout must be positive")
+	}
+	if cfg.MaxUnauthenticatedPerIP == 0 {
+		cfg.MaxUnauthenticatedPerIP = 1024
+	}
 	if cfg.MaxConnecting <= 0 {
 		cfg.MaxConnecting = 64
 	}
@@ -237,16 +254,28 @@ func (s *Server) Start() error {
 		MaxHTTPBodySize:    maxBody,
 		// What the parser buffers at once: a whole body and its head. The
 		// head alone is bounded tighter by onData.
-		ReadLimit:     maxBody + 2*maxRequestHead,
-		KeepaliveTime: 2 * time.Minute,
+		ReadLimit: maxBody + 2*maxRequestHead,
+		// nbio's read deadline from a socket's accept, and again after each
+		// response: the whole next head must come within it. A head that
+		// is complete moves it to requestTimeout (requestGate).
+		KeepaliveTime: s.cfg.HandshakeTimeout,
 	}
+	s.adm = newAdmission(s.cfg.MaxUnauthenticatedPerIP)
 	s.engine = nbhttp.NewEngine(ncfg)
 	s.engine.OnData(s.onData)
+	s.engine.OnClose(func(c net.Conn, _ error) {
+		if nc, ok := c.(*nbio.Conn); ok {
+			s.adm.closed(nc)
+			s.walkers.m.Delete(nc)
+		}
+	})
 	if err := s.engine.Start(); err != nil {
 		_ = ln.Close()
 		s.pool.close()
+		s.adm.close()
 		return fmt.Errorf("server: start network engine: %w", err)
 	}
+	s.adm.measure()
 	s.ln = ln
 	s.addr = ln.Addr().String()
 	s.wg.Add(4)
@@ -257,10 +286,12 @@ func (s *Server) Start() error {
 	return nil
 }
 
-// acceptLoop accepts connections and hands them to the engine's pollers.
-// It ends when Shutdown closes the listener.
+// acceptLoop accepts connections and hands them to the engine's pollers,
+// refusing those admission turns away. It ends when Shutdown closes the
+// listener.
 func (s *Server) acceptLoop(ln net.Listener) {
 	defer s.wg.Done()
+	defer s.adm.close()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -271,8 +302,12 @@ func (s *Server) acceptLoop(ln net.Listener) {
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			// Out of file descriptors and the like: back off, don't spin.
-			s.log.Warn("accept", "err", err)
+			if outOfDescriptors(err) {
+				s.acceptOverLimit(ln)
+			} else {
+				s.adm.log.note(s.log, "accept failed", "error", "err", err)
+			}
+			// Back off, don't spin, until descriptors are freed.
 			select {
 			case <-s.stop:
 				return
@@ -280,13 +315,40 @@ func (s *Server) acceptLoop(ln net.Listener) {
 			}
 			continue
 		}
-		if tc, ok := c.(*net.TCPConn); ok && s.cfg.SocketSendBuffer > 0 {
-			_ = tc.SetWriteBuffer(s.cfg.SocketSendBuffer)
-		}
-		hc := &nbhttp.Conn{Conn: c}
-		handover()
-		s.engine.AddConnNonTLSNonBlocking(hc, nil, func() {})
+		s.take(c)
 	}
+}
+
+// take hands an accepted socket to the engine, or refuses it.
+func (s *Server) take(c net.Conn) {
+	if s.adm.full() {
+		s.refuseSocket(c, reasonFDLimit)
+		return
+	}
+	if tc, ok := c.(*net.TCPConn); ok && s.cfg.SocketSendBuffer > 0 {
+		_ = tc.SetWriteBuffer(s.cfg.SocketSendBuffer)
+	}
+	ip := remoteIP(c)
+	if reason := s.adm.admit(ip); reason != "" {
+		s.refuseSocket(c, reason)
+		return
+	}
+	// nbio takes a socket by duplicating its descriptor, which fails when
+	// none is left: done here, the failure is a clean refusal instead of
+	// nbio's own error line and a reset.
+	nc, err := nbio.NBConn(c)
+	if err != nil {
+		s.adm.forget(ip)
+		if !outOfDescriptors(err) {
+			s.adm.log.note(s.log, "accept failed", "error", "err", err)
+		}
+		s.refuseSocket(c, reasonFDLimit)
+		return
+	}
+	s.adm.track(nc, ip)
+	hc := &nbhttp.Conn{Conn: nc}
+	handover() // after every write the poller will read
+	s.engine.AddConnNonTLSNonBlocking(hc, nil, func() { s.adm.closed(nc) })
 }
 
 // Addr is the address the server listens on, with the real port.
@@ -428,18 +490,25 @@ const maxRequestHead = 16 << 10
 const maxBody = 4 << 20
 
 // onData feeds a connection's bytes to nbio's parser, through a requestGate
-// while the connection speaks HTTP.
+// while the connection speaks HTTP, and through onFrames (emptyframe.go)
+// once it speaks WebSocket.
 func (s *Server) onData(c *nbio.Conn, data []byte) {
 	handover()
-	p, ok := c.Session().(*nbhttp.Parser)
-	if !ok {
+	var p *nbhttp.Parser
+	switch sess := c.Session().(type) {
+	case *nbhttp.Parser:
+		p = sess
+	case *websocket.Conn:
+		s.onFrames(c, sess, data)
+		return
+	default:
 		c.DataHandler()(c, data)
 		return
 	}
 	g, ok := p.Processor.(*requestGate)
 	if !ok {
 		// The parser's first bytes: nbio made its processor just before.
-		g = &requestGate{Processor: p.Processor, apiKey: s.cfg.APIKey}
+		g = &requestGate{Processor: p.Processor, apiKey: s.cfg.APIKey, conn: c, adm: s.adm}
 		p.Processor = g
 	}
 	if g.upgraded {
@@ -471,7 +540,7 @@ func (s *Server) onData(c *nbio.Conn, data []byte) {
 func (s *Server) refuse(c *nbio.Conn, g *requestGate, status int, code, msg, reason string) {
 	g.refused = true
 	s.metrics.httpRefused.WithLabelValues(reason).Inc()
-	s.refusedLog.note(s.log, reason)
+	s.refusedLog.note(s.log, "refused HTTP requests before their handler (head over 16 KiB, or a body without the API key)", reason)
 	b, _ := json.Marshal(map[string]map[string]string{"error": {"code": code, "message": msg}})
 	b = append(b, '\n')
 	head := fmt.Sprintf("HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n",
@@ -489,6 +558,8 @@ var errRefused = errors.New("server: request refused before its handler")
 type requestGate struct {
 	nbhttp.Processor
 	apiKey string
+	conn   *nbio.Conn
+	adm    *admission
 
 	head     int  // bytes read since the current request's head began (about)
 	inBody   bool // the head is complete; the body is being read
@@ -507,7 +578,7 @@ type requestGate struct {
 }
 
 func (g *requestGate) OnMethod(p *nbhttp.Parser, method string) {
-	*g = requestGate{Processor: g.Processor, apiKey: g.apiKey, head: g.head, headBytes: len(method)}
+	*g = requestGate{Processor: g.Processor, apiKey: g.apiKey, conn: g.conn, adm: g.adm, head: g.head, headBytes: len(method)}
 	g.Processor.OnMethod(p, method)
 }
 
@@ -537,6 +608,10 @@ func (g *requestGate) OnContentLength(p *nbhttp.Parser, n int) {
 	g.tooBig = g.headBytes > maxRequestHead
 	g.inBody, g.head = true, 0
 	g.needsKey = g.apiKey != "" && !g.keyOK && (n > 0 || g.bodyNext)
+	// The head came within the handshake timeout; the body, the handler and
+	// the response get longer. nbio sets the deadline again after the
+	// response (KeepaliveTime, the handshake timeout).
+	_ = g.conn.SetReadDeadline(time.Now().Add(requestTimeout))
 	g.Processor.OnContentLength(p, n)
 }
 
@@ -545,34 +620,12 @@ func (g *requestGate) OnComplete(p *nbhttp.Parser) {
 		return // onData refuses it; the handler never sees it
 	}
 	g.inBody, g.head, g.needsKey = false, 0, false
+	if g.keyOK && g.apiKey != "" && !g.upgrade {
+		g.adm.authenticated(g.conn) // an upgrade counts once accepted (handleConnect)
+	}
 	// From here on the bytes may be WebSocket frames: the handler (on a
 	// worker) may upgrade at any moment. A refused upgrade closes the
 	// connection (see handleConnect), so no later request goes ungated.
 	g.upgraded = g.upgrade
 	g.Processor.OnComplete(p)
-}
-
-// throttledLog logs refusals at most once a minute, with their counts, so
-// a flood of hostile connections cannot flood the log.
-type throttledLog struct {
-	mu     sync.Mutex
-	last   time.Time
-	counts map[string]int
-}
-
-func (t *throttledLog) note(log *slog.Logger, reason string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.counts == nil {
-		t.counts = make(map[string]int)
-	}
-	t.counts[reason]++
-	if now := time.Now(); now.Sub(t.last) >= time.Minute {
-		args := []any{"interval", "1m"}
-		for r, n := range t.counts {
-			args = append(args, r, n)
-		}
-		log.Warn("refused HTTP requests before their handler (head over 16 KiB, or a body without the API key)", args...)
-		t.last, t.counts = now, nil
-	}
 }

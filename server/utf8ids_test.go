@@ -32,3 +32,33 @@ func TestHTTPIDsMustBeValidUTF8(t *testing.T) {
 		}
 	}
 }
+
+// The WebSocket query agrees with the HTTP one: a lone surrogate escape
+// in an id is a bad_request error frame (the connection stays open), not
+// an id silently rewritten to U+FFFD. Raw invalid UTF-8 never gets this
+// far: the WebSocket layer closes with 1002 (invalid UTF-8 bytes).
+func TestWebSocketQueryIDsMustBeValidUTF8(t *testing.T) {
+	ts := startServer(t)
+	c := ts.dial(t, "alice")
+	for _, q := range []string{
+		`{"type":"query","id":"q","user_ids":["a\ud800b"]}`,
+		`{"type":"query","id":"q","user_ids":["ok","\udc00"]}`,
+		`{"type":"query","id":"q","user_ids":["\ud83d"]}`, // the first half of a pair alone
+	} {
+		c.send(q)
+		f := c.next("error")
+		if f["code"] != "bad_request" || f["message"] != "query: every user id must be 1-128 bytes of printable UTF-8" {
+			t.Errorf("%s: %v, want bad_request", q, f)
+		}
+	}
+	// A real U+FFFD, escaped or not, and a surrogate pair are ids like others.
+	c.send(`{"type":"query","id":"ok","user_ids":["a\ufffdb","a` + "\uFFFD" + `b","\ud83d\ude00"]}`)
+	f := c.next("query_result")
+	users, _ := f["users"].([]any)
+	if f["id"] != "ok" || len(users) != 3 {
+		t.Fatalf("valid ids: %v", f)
+	}
+	if u, _ := users[2].(map[string]any); u["user_id"] != "\U0001F600" {
+		t.Errorf("the surrogate pair: %v, want U+1F600", u)
+	}
+}

@@ -155,6 +155,9 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the upgrader has answered
 	}
+	if nbc, ok := socketOf(ws); ok {
+		s.adm.authenticated(nbc)
+	}
 	now := s.cfg.Now()
 	c := &client{
 		srv:    s,
@@ -167,7 +170,6 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	c.tokens = float64(s.cfg.RateBurst)
 	c.refilled = now
 	ws.SetSession(c)
-	s.watchEmptyFrames(ws, c)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -450,15 +452,19 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 		c.closeWith(protocol.CloseUnsupported, "binary frames are not accepted")
 		return
 	}
+	now := s.cfg.Now()
+	s.signOfLife(c, now)
+	// Refused frames in a row before this one: a query refused for its ids
+	// continues the streak that its first token ended (see below).
+	streak := c.limited
+	// The rate limit comes first: a flood of big frames costs no JSON scan.
+	if !c.allow(now, 1) {
+		return
+	}
 	if len(data) > protocol.MaxSmallFrame && !isQuery(data) {
 		// The contract's 4 KiB holds for every frame but a query, which
 		// nbio reads up to MaxFrameSize for its 500 ids.
 		c.closeWith(protocol.CloseTooBig, "message exceeds the configured limit")
-		return
-	}
-	now := s.cfg.Now()
-	s.signOfLife(c, now)
-	if !c.allow(now, 1) {
 		return
 	}
 	f, err := protocol.DecodeClientFrame(data)
@@ -509,8 +515,14 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 		s.metrics.frames.WithLabelValues(protocol.TypeQuery).Inc()
 		// One token per 10 ids (DESIGN.md, Limits), the frame's own included:
 		// a big query costs what the store work it causes is worth.
-		if extra := queryCost(len(f.Query.UserIDs)) - 1; extra > 0 && !c.allow(now, extra) {
-			return
+		if extra := queryCost(len(f.Query.UserIDs)) - 1; extra > 0 {
+			// Refused, the query is a rate-limited frame like any: else a
+			// flood of big queries, each passing its first token, would
+			// never reach the 1008 close.
+			c.limited = streak
+			if !c.allow(now, extra) {
+				return
+			}
 		}
 		s.answerQuery(ctx, c, f.Query)
 	}
@@ -557,7 +569,7 @@ func (s *Server) answerQuery(ctx context.Context, c *client, q *protocol.Query) 
 		if !protocol.ValidID(id) {
 			s.metrics.framesRejected.WithLabelValues(reasonBadRequest).Inc()
 			c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeBadRequest,
-				Message: "query: every user id must be 1-128 bytes of printable UTF-8"})
+				Message: protocol.MsgBadQueryID})
 			return
 		}
 	}

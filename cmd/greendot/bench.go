@@ -33,6 +33,9 @@ table, then one JSON object, of what it measured. Scenarios:
              ttl + grace
   storm      all N connections cut at once, back within --window: time to
              settle, changes per viewer per subject, heartbeat ack p99
+  abuse      hostile floods against one node, one after the other: CPU,
+             peak RSS and a bystander's heartbeat ack p99 per flood
+             (greendot bench abuse -h: its own flags)
 
 Start the server first (greendot serve); give --grace its --offline-grace.
 
@@ -41,6 +44,9 @@ flags:
 
 // bench runs the load generator; see the loadgen package.
 func bench(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "abuse" {
+		return benchAbuse(args[1:], stdout, stderr)
+	}
 	var (
 		o       loadgen.Options
 		target  string

@@ -2,10 +2,13 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"strings"
 	"testing"
+
+	"github.com/greendot/greendot/loadgen"
 )
 
 func TestBenchFlags(t *testing.T) {
@@ -29,5 +32,36 @@ func TestBenchFlags(t *testing.T) {
 	var stderr bytes.Buffer
 	if err := bench([]string{"-h"}, &bytes.Buffer{}, &stderr); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "storm") {
 		t.Errorf("-h: %v\n%s", err, stderr.String())
+	}
+}
+
+// A short abuse run against the node it starts: every flood runs and is
+// reported, with the node's peak RSS read from /proc.
+func TestBenchAbuseRunsEveryFlood(t *testing.T) {
+	t.Setenv("GREENDOT_TEST_MAIN", "1") // the node it starts is this binary
+	var stdout, stderr bytes.Buffer
+	if err := bench([]string{"abuse", "--conns", "5", "--idle", "20", "--phase", "1s", "--quiet"}, &stdout, &stderr); err != nil {
+		t.Fatalf("bench abuse: %v\n%s", err, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	var out struct {
+		Results map[string]*float64 `json:"results"`
+		Notes   []string            `json:"notes"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &out); err != nil {
+		t.Fatalf("last line is not the JSON result: %v\n%s", err, stdout.String())
+	}
+	for _, p := range append([]string{"quiet"}, loadgen.AbusePhases()...) {
+		for _, k := range []string{"_server_cpu_s", "_rss_peak_mib", "_bystander_acks"} {
+			if v, ok := out.Results[p+k]; !ok || v == nil {
+				t.Errorf("no %s%s in %s", p, k, lines[len(lines)-1])
+			}
+		}
+	}
+	if v := out.Results["server_rss_peak_mib"]; v == nil || *v <= 0 {
+		t.Errorf("server_rss_peak_mib = %v, want the node's VmHWM", v)
+	}
+	if !strings.Contains(stdout.String(), "bystander heartbeat ack p99") {
+		t.Errorf("no table:\n%s", stdout.String())
 	}
 }

@@ -24,6 +24,9 @@ func TestLimitFlagsAreChecked(t *testing.T) {
 		{[]string{"GREENDOT_ALLOWED_ORIGINS=https://a.example.com,a.example.com"}, []string{"serve"},
 			`greendot: --allowed-origins: "a.example.com" is not an origin: want scheme://host[:port], e.g. https://app.example.com, with no path` + "\n"},
 		{nil, []string{"serve", "--allowed-origins", "https://a.example.com/"}, `greendot: --allowed-origins: "https://a.example.com/" is not an origin`},
+		{nil, []string{"serve", "--log-repeat-interval", "-1s"}, "greendot: --log-repeat-interval must not be negative (0 = every line), got -1s\n"},
+		{nil, []string{"serve", "--handshake-timeout", "0s"}, "greendot: --handshake-timeout must be positive, got 0s\n"},
+		{[]string{"GREENDOT_MAX_UNAUTHENTICATED_PER_IP=-2"}, []string{"serve"}, "greendot: --max-unauthenticated-per-ip must be 0 (unlimited) or more, got -2\n"},
 	} {
 		r := runGreendot(t, c.env, c.args...)
 		if r.code != 1 || !strings.HasPrefix(r.stderr, c.want) || strings.Count(r.stderr, "\n") != 1 {

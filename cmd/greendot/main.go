@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/greendot/greendot"
+	"github.com/greendot/greendot/internal/logthrottle"
 	"github.com/greendot/greendot/server"
 	"github.com/greendot/greendot/store"
 	"github.com/greendot/greendot/store/memstore"
@@ -87,10 +88,13 @@ type serveOptions struct {
 	jwtIssuer         string
 	apiKey            string
 	logLevel          string
+	logRepeat         time.Duration
 	pprofAddr         string
 	maxConnecting     int
 	maxUserConns      int
 	allowedOrigins    string
+	handshakeTimeout  time.Duration
+	maxUnauthPerIP    int
 	origins           []string // allowedOrigins, parsed by validate
 }
 
@@ -113,9 +117,12 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs.StringVar(&o.jwtIssuer, "jwt-issuer", "", `when set, a client token's "iss" must be this value`)
 	fs.StringVar(&o.apiKey, "api-key", "", "bearer key required on the HTTP API (all /v1 routes but /v1/connect)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	durationVar(fs, &o.logRepeat, "log-repeat-interval", 10*time.Second, "a log line repeated within this `duration` is held back and counted in one summary line per interval; 0 = log every line")
 	fs.IntVar(&o.maxConnecting, "max-connecting", 64, "connects a node registers at once; more wait up to 3s, then get 503")
 	fs.IntVar(&o.maxUserConns, "max-connections-per-user", 20, "live connections one user may hold on this node (per node, not cluster-wide); the next gets 429; 0 = unlimited")
 	fs.StringVar(&o.allowedOrigins, "allowed-origins", "", "comma-separated origins (exact scheme://host[:port]) whose pages may open WebSockets; empty = any")
+	durationVar(fs, &o.handshakeTimeout, "handshake-timeout", 5*time.Second, "a socket must send a whole request head within this `duration` of its accept, or of its previous response")
+	fs.IntVar(&o.maxUnauthPerIP, "max-unauthenticated-per-ip", 1024, "sockets one remote IP may hold before a WebSocket upgrade or a request with the API key; the next gets 429; 0 = unlimited")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060); off when empty")
 	return fs
 }
@@ -159,8 +166,14 @@ func (o *serveOptions) validate() error {
 		return fmt.Errorf("--forget-after must not be negative (0 = never), got %v", o.forgetAfter)
 	case o.forgetAfter > 0 && o.forgetAfter < o.grace:
 		return fmt.Errorf("--forget-after (%v) must be 0 (never) or at least --offline-grace (%v)", o.forgetAfter, o.grace)
+	case o.logRepeat < 0:
+		return fmt.Errorf("--log-repeat-interval must not be negative (0 = every line), got %v", o.logRepeat)
 	case o.maxConnecting < 1:
 		return fmt.Errorf("--max-connecting must be at least 1, got %d", o.maxConnecting)
+	case o.handshakeTimeout <= 0:
+		return fmt.Errorf("--handshake-timeout must be positive, got %v", o.handshakeTimeout)
+	case o.maxUnauthPerIP < 0:
+		return fmt.Errorf("--max-unauthenticated-per-ip must be 0 (unlimited) or more, got %d", o.maxUnauthPerIP)
 	case o.maxUserConns < 0:
 		return fmt.Errorf("--max-connections-per-user must be 0 (unlimited) or more, got %d", o.maxUserConns)
 	case o.jwtSecret == "" && (o.jwtAudience != "" || o.jwtIssuer != ""):
@@ -204,7 +217,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %v", err)
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log, throttle := newLogger(stderr, level, o.logRepeat)
+	defer throttle.Flush()
 	if o.nodeID == "" {
 		host, _ := os.Hostname()
 		o.nodeID = host + "-" + randomSuffix()
@@ -235,22 +249,28 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if userConns == 0 {
 		userConns = -1 // the flag's 0 is unlimited; Config's 0 means its default
 	}
+	unauthPerIP := o.maxUnauthPerIP
+	if unauthPerIP == 0 {
+		unauthPerIP = -1
+	}
 	srv, err := server.New(server.Config{
-		Addr:                  o.addr,
-		Store:                 st,
-		NodeID:                o.nodeID,
-		TTL:                   o.ttl,
-		HeartbeatInterval:     o.heartbeatInterval,
-		Grace:                 o.grace,
-		JWTSecret:             o.jwtSecret,
-		JWTAudience:           o.jwtAudience,
-		JWTIssuer:             o.jwtIssuer,
-		APIKey:                o.apiKey,
-		MaxConnecting:         o.maxConnecting,
-		MaxConnectionsPerUser: userConns,
-		AllowedOrigins:        o.origins,
-		Static:                greendot.DemoHandler(),
-		Logger:                log,
+		Addr:                    o.addr,
+		Store:                   st,
+		NodeID:                  o.nodeID,
+		TTL:                     o.ttl,
+		HeartbeatInterval:       o.heartbeatInterval,
+		Grace:                   o.grace,
+		JWTSecret:               o.jwtSecret,
+		JWTAudience:             o.jwtAudience,
+		JWTIssuer:               o.jwtIssuer,
+		APIKey:                  o.apiKey,
+		MaxConnecting:           o.maxConnecting,
+		MaxConnectionsPerUser:   userConns,
+		AllowedOrigins:          o.origins,
+		HandshakeTimeout:        o.handshakeTimeout,
+		MaxUnauthenticatedPerIP: unauthPerIP,
+		Static:                  greendot.DemoHandler(),
+		Logger:                  log,
 	})
 	if err != nil {
 		return err
@@ -297,11 +317,21 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	return nil
 }
 
+// newLogger is the process's logger: text lines on w from level up, a line
+// repeated within repeat held back and summarised (logthrottle). The caller
+// flushes the throttle before exiting.
+func newLogger(w io.Writer, level slog.Level, repeat time.Duration) (*slog.Logger, *logthrottle.Handler) {
+	h := logthrottle.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}), repeat)
+	return slog.New(h), h
+}
+
 // redisLog sends go-redis's own log lines (its dial retries, for one) to
 // the debug level: at any other level they would come before, and say less
-// than, greendot's own one-line error about the same failure.
+// than, greendot's own one-line error about the same failure. They share one
+// message, so that the throttle counts them as one kind of line however
+// their text varies.
 type redisLog struct{ log *slog.Logger }
 
 func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
-	l.log.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
+	l.log.DebugContext(ctx, "go-redis", "line", fmt.Sprintf(format, v...))
 }

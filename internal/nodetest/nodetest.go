@@ -111,8 +111,17 @@ type Node struct {
 // killed and, if t failed, its log printed under "log of <name>".
 func Start(t testing.TB, bin, name string, flags ...string) *Node {
 	t.Helper()
+	return StartUnder(t, nil, bin, name, flags...)
+}
+
+// StartUnder is Start with the command run by wrapper, a command that execs
+// its arguments (such as prlimit --nofile=256 --), so that the process it
+// starts is greendot itself.
+func StartUnder(t testing.TB, wrapper []string, bin, name string, flags ...string) *Node {
+	t.Helper()
 	n := &Node{Name: name, Addr: FreeAddr(t), Done: make(chan struct{}), Log: &SyncBuffer{}}
-	n.Cmd = exec.Command(bin, append([]string{"serve", "--addr", n.Addr}, flags...)...)
+	argv := append(append(append([]string(nil), wrapper...), bin, "serve", "--addr", n.Addr), flags...)
+	n.Cmd = exec.Command(argv[0], argv[1:]...)
 	n.Cmd.Stdout, n.Cmd.Stderr = n.Log, n.Log
 	n.Cmd.SysProcAttr = redistest.DieWithParent()
 	if err := n.Cmd.Start(); err != nil {
