@@ -43,6 +43,11 @@ type Change struct {
 	State   State
 	Version uint64
 	At      time.Time
+	// Previous is the state viewers held before this change; LastSeen, set
+	// only when State is Offline, the user's last sign of life. Webhooks
+	// report both; frames to viewers carry neither.
+	Previous State
+	LastSeen time.Time
 }
 
 // Presence is the full presence of one user.
