@@ -366,7 +366,6 @@ func TestSignMatchesTheStandard(t *testing.T) {
 	}
 }
 
-
 func counter(t *testing.T, m *webhook.Metrics, name, label string) float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
@@ -392,7 +391,6 @@ func counter(t *testing.T, m *webhook.Metrics, name, label string) float64 {
 	t.Fatalf("no metric %s{%s}", name, label)
 	return 0
 }
-
 
 type syncBuf struct {
 	mu sync.Mutex
