@@ -45,7 +45,9 @@ type Change struct {
 	At      time.Time
 	// Previous is the state viewers held before this change; LastSeen, set
 	// only when State is Offline, the user's last sign of life. Webhooks
-	// report both; frames to viewers carry neither.
+	// report both; frames to viewers carry neither, and neither do the
+	// Redis store's Pub/Sub messages (its events leave them zero: its
+	// webhooks are queued by the scripts, which know both).
 	Previous State
 	LastSeen time.Time
 }

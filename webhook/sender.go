@@ -69,6 +69,7 @@ type Sender struct {
 	log  *slog.Logger
 	m    *Metrics
 	drop dropLog
+	warn errLog
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -112,7 +113,8 @@ func NewSender(cfg Config, src Source) (*Sender, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics()
 	}
-	return &Sender{cfg: cfg, src: src, log: cfg.Logger, m: cfg.Metrics, drop: dropLog{log: cfg.Logger}}, nil
+	return &Sender{cfg: cfg, src: src, log: cfg.Logger, m: cfg.Metrics, drop: dropLog{log: cfg.Logger},
+		warn: errLog{log: cfg.Logger}}, nil
 }
 
 // Metrics are the Sender's collectors.
@@ -222,7 +224,7 @@ func (s *Sender) run(ctx context.Context) {
 				nextTake = now // there may be more: ask again at once
 			}
 			if err != nil && ctx.Err() == nil {
-				s.log.Warn("webhooks: cannot read the queue", "err", err)
+				s.warn.note("webhooks: cannot read the queue", err)
 			}
 			for _, ev := range evs {
 				if ev.Dropped > 0 {
@@ -246,7 +248,7 @@ func (s *Sender) run(ctx context.Context) {
 			if len(evs) > 0 {
 				lost, err := s.src.Keep(ctx, evs)
 				if err != nil && ctx.Err() == nil {
-					s.log.Warn("webhooks: cannot renew held events", "err", err)
+					s.warn.note("webhooks: cannot renew held events", err)
 				}
 				for _, ev := range lost {
 					// Another node has it now; one in flight finishes, and
@@ -313,7 +315,7 @@ func (s *Sender) run(ctx context.Context) {
 		}
 		if len(done) > 0 {
 			if err := s.src.Done(ctx, done); err != nil && ctx.Err() == nil {
-				s.log.Warn("webhooks: cannot remove delivered events from the queue", "err", err)
+				s.warn.note("webhooks: cannot remove delivered events from the queue", err)
 			}
 			done = done[:0]
 		}
@@ -427,4 +429,21 @@ func (d *dropLog) note(n int, why string, attrs ...any) {
 	attrs = append([]any{"events", n + d.quiet, "reason", why}, attrs...)
 	d.quiet = 0
 	d.log.Warn("webhooks dropped", attrs...)
+}
+
+// errLog logs the queue's errors (Redis away) at most every 30 s each, so
+// an outage of the queue says so without a line per poll.
+type errLog struct {
+	log  *slog.Logger
+	last map[string]time.Time
+}
+
+func (e *errLog) note(msg string, err error) {
+	if e.last == nil {
+		e.last = map[string]time.Time{}
+	}
+	if now := time.Now(); now.Sub(e.last[msg]) >= 30*time.Second {
+		e.last[msg] = now
+		e.log.Warn(msg, "err", err)
+	}
 }
