@@ -42,6 +42,7 @@ type Hook struct {
 	Data      Data
 	VerifyErr error // nil: the signature verified
 	Status    int   // what the receiver answered (Hang: nothing)
+	Header    http.Header
 }
 
 // Receiver records webhooks.
@@ -83,7 +84,7 @@ func (r *Receiver) Answer(f func(Hook) int) {
 
 func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 	b, _ := io.ReadAll(req.Body)
-	h := Hook{ID: req.Header.Get("webhook-id"), Body: string(b)}
+	h := Hook{ID: req.Header.Get("webhook-id"), Body: string(b), Header: req.Header.Clone()}
 	h.VerifyErr = r.wh.Verify(b, req.Header)
 	if req.Method != http.MethodPost {
 		h.VerifyErr = fmt.Errorf("method %s, want POST", req.Method)
