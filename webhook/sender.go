@@ -298,13 +298,13 @@ func (s *Sender) run(ctx context.Context) {
 			return
 		case r := <-results:
 			inflight--
-			done = s.settle(r, now, done, remove)
+			done = s.settle(r, time.Now(), done, remove)
 		drain:
 			for {
 				select {
 				case r := <-results:
 					inflight--
-					done = s.settle(r, now, done, remove)
+					done = s.settle(r, time.Now(), done, remove)
 				default:
 					break drain
 				}

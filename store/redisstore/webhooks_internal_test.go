@@ -23,7 +23,7 @@ func TestWebhookQueue(t *testing.T) {
 	g := newKeyGuard(t, r, loadScripts(whShardMax(64)))
 	g.names[newWHQueue(&Store{}).keep.Hash()] = "wh_keep"
 	cfg := Config{TTL: 5 * time.Second, Grace: time.Second, NodeTTL: 600 * time.Millisecond,
-		HoldOff: 300 * time.Millisecond, WebhookQueue: 64, WebhookClaimIdle: 300 * time.Millisecond}
+		HoldOff: 300 * time.Millisecond, WebhookQueue: 64, WebhookClaimIdle: time.Second}
 	cfg.Node = "a"
 	a := guarded(t, g, r, cfg)
 	cfg.Node = "b"
@@ -55,13 +55,13 @@ func TestWebhookQueue(t *testing.T) {
 		t.Fatalf("b took %s, held by a", show(more))
 	}
 	// a renews for longer than the claim idle: b takes nothing.
-	for range 4 {
+	for range 5 {
 		lost, err := a.wh.Keep(ctx, evs)
 		must(t, err)
 		if len(lost) != 0 {
 			t.Fatalf("a lost %s", show(lost))
 		}
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // 1.5 s in all, past the claim idle
 		b.wh.nextClaim = time.Time{}
 		if more, _ := b.wh.Take(ctx, 100); len(more) != 0 {
 			t.Fatalf("b claimed %s while a renewed them", show(more))
