@@ -399,3 +399,35 @@ type syncBuf struct {
 
 func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// A receiver that never answers does not hold presence up: every
+// transition returns while the events queue, and no more requests are open
+// at once than the Sender's concurrency.
+func TestHangingReceiverDoesNotSlowPresence(t *testing.T) {
+	r := newRig(t, 100000, func(c *webhook.Config) {
+		c.Concurrency = 3
+		c.Timeout = 200 * time.Millisecond
+	})
+	r.recv.Answer(func(hooktest.Hook) int { return hooktest.Hang })
+	ctx := context.Background()
+	const users = 300
+	for i := range users {
+		id := fmt.Sprintf("c%d", i)
+		r.conn(t, id, fmt.Sprintf("user%d", i))
+		if err := r.st.SetStatus(ctx, id, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if depth, _, _ := r.q.Stats(ctx); depth != 2*users {
+		t.Fatalf("queue depth %d, want %d: every change queued", depth, 2*users)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		if n := len(r.recv.All()); n < 10 {
+			return fmt.Errorf("%d requests, want some", n)
+		}
+		return nil
+	})
+	if m := r.recv.MaxOpen(); m > 3 {
+		t.Fatalf("%d requests open at once, want at most the concurrency of 3", m)
+	}
+}

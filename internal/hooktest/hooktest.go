@@ -50,9 +50,11 @@ type Receiver struct {
 	srv *httptest.Server
 	wh  *standardwebhooks.Webhook
 
-	mu     sync.Mutex
-	answer func(Hook) int
-	all    []Hook
+	mu      sync.Mutex
+	answer  func(Hook) int
+	all     []Hook
+	open    int // requests being served
+	maxOpen int
 }
 
 // Start runs a receiver until t's cleanup; it answers 204 until told
@@ -83,6 +85,15 @@ func (r *Receiver) Answer(f func(Hook) int) {
 }
 
 func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
+	r.mu.Lock()
+	r.open++
+	r.maxOpen = max(r.maxOpen, r.open)
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.open--
+		r.mu.Unlock()
+	}()
 	b, _ := io.ReadAll(req.Body)
 	h := Hook{ID: req.Header.Get("webhook-id"), Body: string(b), Header: req.Header.Clone()}
 	h.VerifyErr = r.wh.Verify(b, req.Header)
@@ -107,6 +118,13 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	w.WriteHeader(h.Status)
+}
+
+// MaxOpen is the most requests that were in progress at once.
+func (r *Receiver) MaxOpen() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.maxOpen
 }
 
 // All is every request received, in order.
