@@ -102,6 +102,7 @@ func testWebhooksTwoNodes(t *testing.T, url string, streams func() int) {
 	for i, u := range users {
 		st := nodes[i%2].st
 		must(t, st.AddMember(ctx, "team", u))
+		must(t, st.AddMember(ctx, "alpha", u))
 		id := u + "-c"
 		must(t, st.Connect(ctx, presence.Conn{ID: id, UserID: u, Device: "web"}))
 		must(t, st.SetStatus(ctx, id, false))
@@ -147,7 +148,7 @@ func testWebhooksTwoNodes(t *testing.T, url string, streams func() int) {
 		var seq []string
 		for _, h := range hs {
 			seq = append(seq, h.Data.PreviousState+">"+h.Data.State)
-			if fmt.Sprint(h.Data.Teams) != "[team]" {
+			if fmt.Sprint(h.Data.Teams) != "[alpha team]" {
 				t.Fatalf("%s teams %v", u, h.Data.Teams)
 			}
 		}
