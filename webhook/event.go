@@ -38,7 +38,8 @@ type Event struct {
 	Epoch string
 	// Ref is the Source's handle on the event (a stream entry).
 	Ref string
-	// Dropped counts events the Source dropped to make room for this one.
+	// Dropped counts events the Source dropped to make room for this one
+	// (the Redis stream says so in the entry that made the room).
 	Dropped int
 }
 

@@ -22,7 +22,7 @@ type MemQueue struct {
 	q       []*Event // FIFO, q[head:] are waiting
 	head    int
 	taken   map[*Event]struct{}
-	dropped int // since the last Take
+	dropped int // since the last TakeDropped
 }
 
 // NewMemQueue returns a queue of at most max events (waiting and taken).
@@ -79,10 +79,17 @@ func (m *MemQueue) Take(_ context.Context, n int) ([]*Event, error) {
 	for _, e := range out {
 		m.taken[e] = struct{}{}
 	}
-	if m.dropped > 0 {
-		out[0].Dropped, m.dropped = m.dropped, 0
-	}
 	return out, nil
+}
+
+// TakeDropped returns how many events were dropped since the last call
+// (the Sender counts and logs them).
+func (m *MemQueue) TakeDropped() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.dropped
+	m.dropped = 0
+	return n
 }
 
 // Ready implements Source.

@@ -18,7 +18,9 @@ import (
 // Source is where events wait until delivered. Take hands this node events
 // to deliver; they stay in the Source, held by this node, until Done. A
 // shared Source (Redis) gives the events of a node that stopped renewing
-// its hold (Keep) to another node.
+// its hold (Keep) to another node. A Source that drops events when full
+// reports them in Event.Dropped (Redis) or through a TakeDropped() int
+// method (MemQueue, whose drops may come with no event to carry them).
 type Source interface {
 	// Take returns up to n events to deliver; none is a fine answer.
 	Take(ctx context.Context, n int) ([]*Event, error)
@@ -226,11 +228,18 @@ func (s *Sender) run(ctx context.Context) {
 			if err != nil && ctx.Err() == nil {
 				s.warn.note("webhooks: cannot read the queue", err)
 			}
+			dropped := 0
+			if d, ok := s.src.(interface{ TakeDropped() int }); ok {
+				dropped = d.TakeDropped()
+			}
 			for _, ev := range evs {
-				if ev.Dropped > 0 {
-					s.m.deliveries.WithLabelValues("overflow").Add(float64(ev.Dropped))
-					s.drop.note(ev.Dropped, "the queue was full (--webhook-queue)")
-				}
+				dropped += ev.Dropped
+			}
+			if dropped > 0 {
+				s.m.deliveries.WithLabelValues("overflow").Add(float64(dropped))
+				s.drop.note(dropped, "the queue was full (--webhook-queue)")
+			}
+			for _, ev := range evs {
 				byUser[ev.UserID] = append(byUser[ev.UserID], &item{ev: ev, due: now})
 				held++
 			}
