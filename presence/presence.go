@@ -43,6 +43,13 @@ type Change struct {
 	State   State
 	Version uint64
 	At      time.Time
+	// Previous is the state viewers held before this change; LastSeen, set
+	// only when State is Offline, the user's last sign of life. Webhooks
+	// report both; frames to viewers carry neither, and neither do the
+	// Redis store's Pub/Sub messages (its events leave them zero: its
+	// webhooks are queued by the scripts, which know both).
+	Previous State
+	LastSeen time.Time
 }
 
 // Presence is the full presence of one user.

@@ -298,9 +298,14 @@ func (t *Tracker) publishIfChanged(now time.Time, userID string, u *userEntry, o
 	} else if s == Offline {
 		t.present--
 	}
+	prev := u.published
 	u.published = s
 	u.version++
-	out.Changes = append(out.Changes, Change{UserID: userID, State: s, Version: u.version, At: now})
+	ch := Change{UserID: userID, State: s, Version: u.version, At: now, Previous: prev}
+	if s == Offline {
+		ch.LastSeen = u.lastSeen
+	}
+	out.Changes = append(out.Changes, ch)
 	if s == Offline && t.cfg.ForgetAfter > 0 {
 		u.forgetAt = now.Add(t.cfg.ForgetAfter)
 		if u.forgetIdx >= 0 {

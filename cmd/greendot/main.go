@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -21,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/greendot/greendot"
@@ -29,6 +31,7 @@ import (
 	"github.com/greendot/greendot/store"
 	"github.com/greendot/greendot/store/memstore"
 	"github.com/greendot/greendot/store/redisstore"
+	"github.com/greendot/greendot/webhook"
 )
 
 const usage = `greendot: a presence server
@@ -96,6 +99,12 @@ type serveOptions struct {
 	handshakeTimeout  time.Duration
 	maxUnauthPerIP    int
 	origins           []string // allowedOrigins, parsed by validate
+	webhookURL        string
+	webhookSecret     string
+	webhookRetryFor   time.Duration
+	webhookQueue      int
+	webhookTimeout    time.Duration
+	webhookKey        webhook.Secret // webhookSecret, parsed by validate
 }
 
 // minSecretBytes is the shortest --jwt-secret taken without a warning: an
@@ -123,6 +132,11 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs.StringVar(&o.allowedOrigins, "allowed-origins", "", "comma-separated origins (exact scheme://host[:port]) whose pages may open WebSockets; empty = any")
 	durationVar(fs, &o.handshakeTimeout, "handshake-timeout", 5*time.Second, "a socket must send a whole request head within this `duration` of its accept, or of its previous response")
 	fs.IntVar(&o.maxUnauthPerIP, "max-unauthenticated-per-ip", 1024, "sockets one remote IP may hold before a WebSocket upgrade or a request with the API key; the next gets 429; 0 = unlimited")
+	fs.StringVar(&o.webhookURL, "webhook-url", "", "POST a presence.changed webhook (Standard Webhooks) to this URL for every published change; off when empty")
+	fs.StringVar(&o.webhookSecret, "webhook-secret", "", "whsec_<base64> key that signs the webhooks (required with --webhook-url)")
+	durationVar(fs, &o.webhookRetryFor, "webhook-retry-for", 24*time.Hour, "a webhook not delivered this `duration` after its change is dropped")
+	fs.IntVar(&o.webhookQueue, "webhook-queue", 100000, "webhook events waiting at most (cluster-wide on Redis); past it the oldest are dropped")
+	durationVar(fs, &o.webhookTimeout, "webhook-timeout", 10*time.Second, "a webhook request not answered within this `duration` has failed and is retried")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060); off when empty")
 	return fs
 }
@@ -179,6 +193,9 @@ func (o *serveOptions) validate() error {
 	case o.jwtSecret == "" && (o.jwtAudience != "" || o.jwtIssuer != ""):
 		return errors.New("--jwt-audience and --jwt-issuer check tokens: they need --jwt-secret")
 	}
+	if err := o.validateWebhooks(); err != nil {
+		return err
+	}
 	origins, err := server.ParseOrigins(o.allowedOrigins)
 	if err != nil {
 		return fmt.Errorf("--allowed-origins: %v", err)
@@ -193,6 +210,32 @@ func (o *serveOptions) validate() error {
 	default:
 		return fmt.Errorf("unknown --store %q (memory or redis)", o.storeKind)
 	}
+	return nil
+}
+
+func (o *serveOptions) validateWebhooks() error {
+	switch {
+	case o.webhookURL == "" && o.webhookSecret != "":
+		return errors.New("--webhook-secret without --webhook-url: set both to send webhooks")
+	case o.webhookURL == "":
+		return nil
+	case o.webhookSecret == "":
+		return errors.New("--webhook-url needs --webhook-secret (whsec_<base64>) to sign the webhooks")
+	case o.webhookRetryFor <= 0:
+		return fmt.Errorf("--webhook-retry-for must be positive, got %v", o.webhookRetryFor)
+	case o.webhookQueue < 1:
+		return fmt.Errorf("--webhook-queue must be at least 1, got %d", o.webhookQueue)
+	case o.webhookTimeout <= 0:
+		return fmt.Errorf("--webhook-timeout must be positive, got %v", o.webhookTimeout)
+	}
+	if u, err := url.Parse(o.webhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("--webhook-url %q: want an absolute http:// or https:// URL", o.webhookURL)
+	}
+	key, err := webhook.ParseSecret(o.webhookSecret)
+	if err != nil {
+		return fmt.Errorf("--webhook-secret: %v", err)
+	}
+	o.webhookKey = key
 	return nil
 }
 
@@ -224,25 +267,54 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		o.nodeID = host + "-" + randomSuffix()
 	}
 
+	webhooks := o.webhookURL != ""
+	whQueue := 0
+	if webhooks {
+		whQueue = o.webhookQueue
+	}
 	var st store.Store
+	var whSource webhook.Source
+	var memQueue *webhook.MemQueue
 	switch o.storeKind {
 	case "redis":
 		redis.SetLogger(redisLog{log})
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		rs, err := redisstore.New(ctx, redisstore.Config{URL: o.redisURL, Node: o.nodeID, TTL: o.ttl, Grace: o.grace,
-			ForgetAfter: o.forgetAfter, Logger: log})
+			ForgetAfter: o.forgetAfter, WebhookQueue: whQueue, Logger: log})
 		cancel()
 		if err != nil {
 			return err
 		}
 		defer rs.Close()
 		st = rs
+		if webhooks {
+			whSource = rs.Webhooks()
+		}
 	default:
-		ms, err := memstore.New(memstore.Config{TTL: o.ttl, Grace: o.grace, ForgetAfter: o.forgetAfter})
+		cfg := memstore.Config{TTL: o.ttl, Grace: o.grace, ForgetAfter: o.forgetAfter}
+		if webhooks {
+			memQueue = webhook.NewMemQueue(whQueue)
+			cfg.OnChange = memQueue.Add
+			whSource = memQueue
+		}
+		ms, err := memstore.New(cfg)
 		if err != nil {
 			return err
 		}
 		st = ms
+	}
+	reg := prometheus.NewRegistry()
+	var sender *webhook.Sender
+	if webhooks {
+		var err error
+		sender, err = webhook.NewSender(webhook.Config{URL: o.webhookURL, Secret: o.webhookKey,
+			Timeout: o.webhookTimeout, RetryFor: o.webhookRetryFor, Logger: log}, whSource)
+		if err != nil {
+			return err
+		}
+		reg.MustRegister(sender.Metrics().Collectors()...)
+		sender.Start()
+		defer sender.Stop() // before the store closes: deferred after it
 	}
 
 	userConns := o.maxUserConns
@@ -271,6 +343,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		MaxUnauthenticatedPerIP: unauthPerIP,
 		Static:                  greendot.DemoHandler(),
 		Logger:                  log,
+		Registry:                reg,
 	})
 	if err != nil {
 		return err
@@ -299,6 +372,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if n := len(o.jwtSecret); n > 0 && n < minSecretBytes {
 		log.Warn("--jwt-secret is short: tokens signed with it can be forged by guessing it; use at least 32 random bytes", "bytes", n)
 	}
+	if webhooks {
+		log.Info("webhooks on", "url", o.webhookURL, "retry_for", o.webhookRetryFor, "queue", o.webhookQueue,
+			"timeout", o.webhookTimeout)
+	}
 	if o.apiKey == "" {
 		log.Warn("no --api-key set: the HTTP API (/v1/users, /v1/teams, /v1/presence) is open to anyone who can reach it")
 	}
@@ -312,6 +389,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
+	}
+	if memQueue != nil {
+		// The memory queue dies with the process: give the changes of the
+		// drain (and those still waiting) a few seconds to go out.
+		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sender.Drain(dctx)
+		dcancel()
 	}
 	log.Info("stopped")
 	return nil

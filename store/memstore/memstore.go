@@ -24,12 +24,16 @@ type Config struct {
 	ForgetAfter time.Duration
 	Now         func() time.Time // injected clock; time.Now when nil
 	Observer    store.Observer
+	// OnChange, when set, receives every published change too, in order,
+	// before the handler (webhooks: webhook.MemQueue.Add). It must not block.
+	OnChange func(store.PresenceEvent)
 }
 
 // Store is the in-memory store.
 type Store struct {
-	now func() time.Time
-	obs store.Observer
+	now      func() time.Time
+	obs      store.Observer
+	onChange func(store.PresenceEvent)
 
 	mu      sync.Mutex
 	tracker *presence.Tracker
@@ -67,12 +71,13 @@ func New(cfg Config) (*Store, error) {
 		cfg.Now = time.Now
 	}
 	return &Store{
-		now:     cfg.Now,
-		obs:     cfg.Observer,
-		tracker: presence.NewTracker(presence.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter}),
-		teams:   make(map[string]map[string]struct{}),
-		userOf:  make(map[string]map[string]struct{}),
-		sorted:  make(map[string][]string),
+		now:      cfg.Now,
+		obs:      cfg.Observer,
+		onChange: cfg.OnChange,
+		tracker:  presence.NewTracker(presence.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter}),
+		teams:    make(map[string]map[string]struct{}),
+		userOf:   make(map[string]map[string]struct{}),
+		sorted:   make(map[string][]string),
 	}, nil
 }
 
@@ -250,6 +255,11 @@ func (s *Store) transition(op string, apply func(now time.Time) (presence.Outcom
 	}
 	s.emitMu.Lock()
 	s.mu.Unlock()
+	if s.onChange != nil {
+		for _, ev := range events {
+			s.onChange(ev)
+		}
+	}
 	if s.handler != nil {
 		for _, ev := range events {
 			s.handler.OnPresence(ev)

@@ -33,13 +33,18 @@ func (nopHandler) OnMembership(store.MembershipEvent) {}
 // benchStore starts a redis-server and a store on it. Batched heartbeats are
 // flushed only when the benchmark says so.
 func benchStore(b *testing.B, grace time.Duration) (*Store, *redistest.Server) {
+	return benchStoreWith(b, grace, 0)
+}
+
+// benchStoreWith is benchStore with webhooks on when whQueue > 0.
+func benchStoreWith(b *testing.B, grace time.Duration, whQueue int) (*Store, *redistest.Server) {
 	b.Helper()
 	r := redistest.Start(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := New(ctx, Config{
 		URL: r.URL(), Node: "bench", TTL: 25 * time.Second, Grace: grace,
-		HoldOff: time.Millisecond, HeartbeatFlush: time.Hour,
+		HoldOff: time.Millisecond, HeartbeatFlush: time.Hour, WebhookQueue: whQueue,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -106,14 +111,16 @@ func addUsers(b *testing.B, s *Store, n int) []string {
 // user's only device. Without a grace both publish a change (online, then
 // offline); with one the user stays online and only the first connect
 // changes anything, so the op is the reconnect-within-grace path.
+// webhooks is grace=0 with webhooks on: each change is also added to its
+// shard's stream (nothing reads it, so past the bound each add trims one).
 func BenchmarkConnectDisconnect(b *testing.B) {
-	for _, grace := range []time.Duration{0, time.Hour} {
-		name := "grace=0"
-		if grace > 0 {
-			name = "within_grace"
-		}
-		b.Run(name, func(b *testing.B) {
-			s, r := benchStore(b, grace)
+	for _, c := range []struct {
+		name  string
+		grace time.Duration
+		wh    int
+	}{{"grace=0", 0, 0}, {"within_grace", time.Hour, 0}, {"webhooks", 0, 100000}} {
+		b.Run(c.name, func(b *testing.B) {
+			s, r := benchStoreWith(b, c.grace, c.wh)
 			users := addUsers(b, s, 1000)
 			ctx := context.Background()
 			measure(b, r, 1, "op", func() {

@@ -209,7 +209,7 @@ func guarded(t *testing.T, g *keyGuard, r *redistest.Server, cfg Config) *Store 
 // user Redis lost), through keyGuard.
 func TestScriptsDeclareTheirKeys(t *testing.T) {
 	r := redistest.Start(t)
-	g := newKeyGuard(t, r, loadScripts())
+	g := newKeyGuard(t, r, loadScripts(0))
 
 	t.Run("GuardRefusesUndeclared", func(t *testing.T) {
 		s := guarded(t, g, r, Config{Node: "probe"})

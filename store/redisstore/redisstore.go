@@ -63,7 +63,15 @@ type Config struct {
 	// HeartbeatFlush is how often batched heartbeats are written. 500ms, or
 	// TTL/8 when that is shorter.
 	HeartbeatFlush time.Duration
-	Logger         *slog.Logger
+	// WebhookQueue, when above 0, turns webhooks on: every published change
+	// is also queued in its shard's stream (at most WebhookQueue/numShards
+	// entries each, rounded up) for Webhooks' Sender. Every node of a
+	// deployment must agree on it.
+	WebhookQueue int
+	// WebhookClaimIdle: the events a node read and has not renewed for this
+	// long (it died) are claimed by another node. 3 × NodeTTL.
+	WebhookClaimIdle time.Duration
+	Logger           *slog.Logger
 }
 
 type localConn struct {
@@ -95,6 +103,7 @@ type Store struct {
 	unpublished backlog[pubMsg]     // changes whose publish failed, retried by flushLoop
 
 	subs *subscriber
+	wh   *whQueue // nil: webhooks off
 
 	healthy atomic.Bool
 	beaten  atomic.Bool  // the first beat is done
@@ -159,13 +168,16 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.WebhookClaimIdle <= 0 {
+		cfg.WebhookClaimIdle = 3 * cfg.NodeTTL
+	}
 	opts, err := redis.ParseURL(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
 	s := &Store{
 		cfg:   cfg,
-		sc:    loadScripts(),
+		sc:    loadScripts(whShardMax(cfg.WebhookQueue)),
 		log:   cfg.Logger,
 		m:     newStoreMetrics(),
 		conns: make(map[string]*localConn),
@@ -200,6 +212,17 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		s.rdb = redis.NewClient(opts)
 	}
 	s.healthy.Store(true)
+	if cfg.WebhookQueue > 0 {
+		s.wh = newWHQueue(s)
+		all := make([]int, numShards)
+		for sh := range all {
+			all[sh] = sh
+		}
+		if err := s.wh.makeGroups(ctx, all); err != nil {
+			_ = s.rdb.Close()
+			return nil, fmt.Errorf("redisstore: webhook queue: %w", err)
+		}
+	}
 	s.subs = newSubscriber(s)
 	if err := s.subs.start(ctx); err != nil {
 		_ = s.rdb.Close()

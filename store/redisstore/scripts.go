@@ -29,8 +29,12 @@ type scripts struct {
 	forget *redis.Script // not a transition: drops users offline for forget-after
 }
 
-func loadScripts() scripts {
-	prelude := mustRead("prelude")
+// loadScripts builds the scripts; with whMax > 0 webhooks are on and every
+// published change is also added to its shard's webhook stream, bounded to
+// whMax entries (prelude.lua). Off, the scripts skip it: the text differs,
+// so a node's scripts are those of its own setting.
+func loadScripts(whMax int) scripts {
+	prelude := fmt.Sprintf("local WH_ON, WH_MAX = %t, %d\n", whMax > 0, whMax) + mustRead("prelude")
 	s := func(name string) *redis.Script { return redis.NewScript(prelude + "\n" + mustRead(name)) }
 	return scripts{
 		forget:  s("forget"),
@@ -53,11 +57,12 @@ func mustRead(name string) string {
 // shardKeyNames are each shard's keys in the order every script but the
 // membership ones takes them first (prelude.lua): deadlines, connection →
 // user, node liveness, grace ends, users not offline, last sweep, hold-off,
-// resync floor, offline users, emptied (a data loss's hold-off). Read-only.
+// resync floor, offline users, emptied (a data loss's hold-off), webhook
+// stream. Read-only.
 var shardKeyNames = func() (k [numShards][]string) {
 	for sh := range k {
 		p := prefix(sh)
-		k[sh] = []string{p + "dl", p + "c", p + "nodes", p + "grace", p + "present", p + "ls", p + "ho", p + "fl", p + "off", p + "em"}
+		k[sh] = []string{p + "dl", p + "c", p + "nodes", p + "grace", p + "present", p + "ls", p + "ho", p + "fl", p + "off", p + "em", whKey(sh)}
 	}
 	return k
 }()
@@ -109,19 +114,24 @@ func parseOutcome(v any) (outcome, error) {
 	}
 	for _, c := range r[4:] {
 		ch, ok := c.([]any)
-		if !ok || len(ch) < 5 {
+		if !ok || len(ch) < 7 {
 			return out, fmt.Errorf("redisstore: unexpected change %v", c)
 		}
 		version, err := strconv.ParseUint(toString(ch[2]), 10, 64)
 		if err != nil {
 			return out, fmt.Errorf("redisstore: bad version %v", ch[2])
 		}
-		out.Changes = append(out.Changes, presence.Change{
-			UserID:  toString(ch[0]),
-			State:   presence.State(toInt(ch[1])),
-			Version: version,
-			At:      time.UnixMilli(toInt(ch[3])),
-		})
+		c := presence.Change{
+			UserID:   toString(ch[0]),
+			State:    presence.State(toInt(ch[1])),
+			Version:  version,
+			At:       time.UnixMilli(toInt(ch[3])),
+			Previous: presence.State(toInt(ch[5])),
+		}
+		if seen := toInt(ch[6]); seen > 0 {
+			c.LastSeen = time.UnixMilli(seen)
+		}
+		out.Changes = append(out.Changes, c)
 		var teams []string
 		if ts, ok := ch[4].([]any); ok {
 			for _, t := range ts {

@@ -1,11 +1,13 @@
--- Shared by every script: prepended by the Go side (Redis has no require).
+-- Shared by every script: prepended by the Go side (Redis has no require),
+-- after the two lines that set WH_ON and WH_MAX (scripts.go: webhooks on,
+-- and the bound of each shard's webhook stream).
 -- KEYS start with the shard's keys, always in this order (shardKeys in
 -- scripts.go); a script about one user takes that user's keys after them
--- (KEYS[11] to KEYS[14], see given_user), and some a node's connection set
+-- (KEYS[12] to KEYS[15], see given_user), and some a node's connection set
 -- after those. Every key a script touches shares the shard's hash tag, hence
 -- one cluster slot.
 local DL, C, NODES, GRACE, PRESENT = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local LS, HO, FL, OFF, EM = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local LS, HO, FL, OFF, EM, WH = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local t = redis.call('TIME')
 local NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local NOW_MS = math.floor(NOW_US / 1000)
@@ -15,9 +17,9 @@ local function fmt(n) return string.format('%.0f', n) end
 
 -- A user's keys, as a script passes them to derive, publish_if_changed and
 -- remove: state (u:), connections (uc:), the state's copy (sv:), teams (ut:).
--- given_user names those the caller declared, at KEYS[11] to KEYS[14].
+-- given_user names those the caller declared, at KEYS[12] to KEYS[15].
 local function given_user(user)
-  return {user = user, u = KEYS[11], uc = KEYS[12], sv = KEYS[13], ut = KEYS[14]}
+  return {user = user, u = KEYS[12], uc = KEYS[13], sv = KEYS[14], ut = KEYS[15]}
 end
 
 -- The one exception to declared keys: sweep, reconcile and forget find
@@ -83,7 +85,20 @@ local function publish_if_changed(uk, out)
   -- forgets those offline for forget-after. A comeback leaves it.
   if s == 0 then redis.call('ZADD', OFF, NOW_MS, user) elseif cur == 0 then redis.call('ZREM', OFF, user) end
   local teams = redis.call('SMEMBERS', uk.ut)
-  table.insert(out.changes, {user, s, fmt(v), NOW_MS, teams})
+  local seen = ''
+  if s == 0 then seen = redis.call('HGET', u, 'seen') or '' end
+  table.insert(out.changes, {user, s, fmt(v), NOW_MS, teams, cur, seen})
+  if WH_ON then
+    -- The webhook event, in the same script as the change: emitted exactly
+    -- once, or not at all if the change is not. A full stream loses its
+    -- oldest entries, and the new one says how many (dr) for the metric.
+    local dropped = 0
+    if redis.call('XLEN', WH) >= WH_MAX then
+      dropped = redis.call('XTRIM', WH, 'MAXLEN', WH_MAX - 1)
+    end
+    redis.call('XADD', WH, '*', 'u', user, 's', s, 'p', cur, 'v', fmt(v), 'at', NOW_MS,
+      'seen', seen, 't', table.concat(teams, '\n'), 'dr', dropped)
+  end
 end
 
 -- Ends a connection without deciding what its user's state becomes (see
@@ -158,7 +173,8 @@ end
 local function new_out() return {gc = 0, gs = 0, expired = {}, lags = {}, changes = {}} end
 
 -- Reply: {grace cancelled, grace started, {expired ids}, {lags ms}, change...}
--- where a change is {user, state, version, at ms, {teams}}.
+-- where a change is {user, state, version, at ms, {teams}, previous state,
+-- last seen ms ('' unless offline)}.
 local function reply(out)
   local r = {out.gc, out.gs, out.expired, out.lags}
   for _, c in ipairs(out.changes) do table.insert(r, c) end

@@ -1,4 +1,4 @@
--- KEYS: the shard's (prelude) and the user's (KEYS[11] to KEYS[14]).
+-- KEYS: the shard's (prelude) and the user's (KEYS[12] to KEYS[15]).
 -- ARGV: ttl ms. Reply: {state, version, last seen ms, grace, conn entries...}
 local uk, ttl = given_user(), tonumber(ARGV[1])
 local h = redis.call('HMGET', uk.u, 's', 'v', 'seen')
