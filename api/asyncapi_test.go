@@ -235,6 +235,10 @@ func TestAsyncAPIAgainstServer(t *testing.T) {
 		`{}`,
 		`[]`,
 		`{"type":"heartbeat"`,
+		`{"type":"set_status","mode":"busy"}`,
+		`{"type":"set_status","mode":"dnd","text":"` + strings.Repeat("x", 101) + `"}`,
+		// Last: on Redis its my_status may come after the fence.
+		`{"type":"set_status","mode":"dnd","text":"In a meeting","emoji":"📅","expires_at":null}`,
 	}
 	var agreed []string
 	for _, kind := range storeKinds {
@@ -261,6 +265,9 @@ func TestAsyncAPIAgainstServer(t *testing.T) {
 			// Two connections share the probes, to stay inside the rate
 			// limit's burst (each probe is followed by a fence).
 			for i, p := range probes {
+				if kind == "redis" && strings.Contains(p, "set_status") {
+					continue // the Redis store does not hold statuses yet
+				}
 				w := []*wsConn{alice, carol}[i%2]
 				accepted := true
 				if _, err := check(a.reads, []byte(p)); err != nil {

@@ -221,5 +221,7 @@ func sharesSet(a, b map[string]struct{}) bool {
 }
 
 func wireChange(c presence.Change) protocol.Change {
-	return protocol.Change{UserID: c.UserID, State: c.State.String(), Version: c.Version, At: c.At.UnixMilli()}
+	l := c.Look()
+	return protocol.Change{UserID: c.UserID, State: c.State.String(), Version: c.Version, At: c.At.UnixMilli(),
+		Text: l.Text, Emoji: l.Emoji, ExpiresAt: l.ExpiresAt, Since: msOf(c.Since), LastSeen: l.LastSeen}
 }
