@@ -265,9 +265,6 @@ func TestAsyncAPIAgainstServer(t *testing.T) {
 			// Two connections share the probes, to stay inside the rate
 			// limit's burst (each probe is followed by a fence).
 			for i, p := range probes {
-				if kind == "redis" && strings.Contains(p, "set_status") {
-					continue // the Redis store does not hold statuses yet
-				}
 				w := []*wsConn{alice, carol}[i%2]
 				accepted := true
 				if _, err := check(a.reads, []byte(p)); err != nil {

@@ -294,9 +294,6 @@ func TestOpenAPIAgainstServer(t *testing.T) {
 				{method: "PUT", path: "/v1/users/" + long + "/status", body: `{"mode":"dnd"}`, want: 400},
 				{method: "DELETE", path: "/v1/users/alice/status", want: 200},
 			} {
-				if kind == "redis" {
-					break // the Redis store does not hold statuses yet
-				}
 				c.do(t, ex)
 			}
 			c.do(t, exchange{method: "DELETE", path: "/v1/teams/eng/members/bob", want: 204})

@@ -58,9 +58,9 @@ func (s Status) IsZero() bool {
 	return s.Mode == ModeAuto && s.Text == "" && s.Emoji == "" && s.ExpiresAt.IsZero()
 }
 
-// equal compares two statuses at millisecond precision, the precision of
+// Equal compares two statuses at millisecond precision, the precision of
 // the wire and of the Redis store.
-func (s Status) equal(o Status) bool {
+func (s Status) Equal(o Status) bool {
 	return s.Mode == o.Mode && s.Text == o.Text && s.Emoji == o.Emoji &&
 		s.ExpiresAt.UnixMilli() == o.ExpiresAt.UnixMilli() && s.ExpiresAt.IsZero() == o.ExpiresAt.IsZero()
 }
@@ -154,7 +154,10 @@ func (c Change) Look() Look {
 // Look is what viewers see of p (p as the store reports it).
 func (p Presence) Look() Look {
 	v := p.Visible()
-	l := Look{State: v.State, Text: v.Status.Text, Emoji: v.Status.Emoji, ExpiresAt: ms(v.Status.ExpiresAt)}
+	l := Look{State: v.State, Text: v.Status.Text, Emoji: v.Status.Emoji}
+	if l.Text != "" || l.Emoji != "" || l.State == DND {
+		l.ExpiresAt = ms(v.Status.ExpiresAt) // as showLocked: beside what it ends
+	}
 	if v.State == Offline {
 		l.LastSeen = ms(v.LastSeen)
 	}
@@ -184,4 +187,18 @@ func ms(t time.Time) int64 {
 		return 0
 	}
 	return t.UnixMilli()
+}
+
+// ChangeAt is p as a change at version v, made at: a resync or a catch-up
+// sends what viewers see of p as a change.
+func (p Presence) ChangeAt(v uint64, at time.Time) Change {
+	l := p.Look()
+	c := Change{UserID: p.UserID, State: l.State, Version: v, At: at, Text: l.Text, Emoji: l.Emoji, Since: p.Since}
+	if l.ExpiresAt != 0 {
+		c.ExpiresAt = time.UnixMilli(l.ExpiresAt)
+	}
+	if l.LastSeen != 0 {
+		c.LastSeen = time.UnixMilli(l.LastSeen)
+	}
+	return c
 }

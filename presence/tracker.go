@@ -373,7 +373,7 @@ func (t *Tracker) setStatusLocked(now time.Time, u *userEntry, st Status, out *O
 	if !st.ExpiresAt.IsZero() {
 		st.ExpiresAt = time.UnixMilli(st.ExpiresAt.UnixMilli()) // the wire's precision
 	}
-	if st.equal(u.status) {
+	if st.Equal(u.status) {
 		return
 	}
 	u.status = st

@@ -132,6 +132,9 @@ type MembershipEvent struct {
 	UserTeams []string // the user's teams after the change
 	State     presence.State
 	Version   uint64 // the user's current presence version
+	// Presence is the user's whole presence read with the change, when the
+	// store has it (its text and emoji reach the new teammates); nil else.
+	Presence *presence.Presence
 }
 
 // Watcher is implemented by shared stores whose events about a team reach a

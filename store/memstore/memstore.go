@@ -227,7 +227,7 @@ func (s *Store) membership(team, user string, join bool) error {
 	ev := store.MembershipEvent{
 		Team: team, UserID: user, Joined: join,
 		UserTeams: sortedKeys(s.userOf[user]),
-		State:     p.State, Version: p.Version,
+		State:     p.State, Version: p.Version, Presence: &p,
 	}
 	s.emitMu.Lock()
 	s.mu.Unlock()
