@@ -88,7 +88,7 @@ type Client struct {
 	frozen  bool             // guarded by mu
 	// myStatus is the user's status from the last my_status; guarded by mu.
 	myStatus UserStatus
-	thawed  chan struct{}    // guarded by mu: closed while not frozen
+	thawed   chan struct{} // guarded by mu: closed while not frozen
 }
 
 // Dial connects to a greendot server, such as ws://127.0.0.1:8080/v1/connect,
