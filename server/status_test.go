@@ -219,6 +219,9 @@ func TestStatusTextExpiresOnItsOwn(t *testing.T) {
 		t.Fatalf("my_status after expiry = %v", m)
 	}
 	alice.expectQuiet(settle)
+	if _, body := ts.do("GET", "/metrics", ""); !strings.Contains(body, "\ngreendot_status_expirations_total 1\n") {
+		t.Fatalf("metrics do not count one status expiry")
+	}
 }
 
 func TestBackendSetsStatusOverHTTP(t *testing.T) {

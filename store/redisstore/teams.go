@@ -173,6 +173,21 @@ type membershipMsg struct {
 	// MV is the user's membership version when Teams was read: of two
 	// events about one membership, the one with the higher MV is the newer.
 	MV uint64 `json:"mv,omitempty"`
+	// What viewers see of the user beside the state (v2), so that new
+	// teammates get the status text too; ms.
+	Text      string `json:"tx,omitempty"`
+	Emoji     string `json:"em,omitempty"`
+	ExpiresAt int64  `json:"ex,omitempty"`
+	Since     int64  `json:"ss,omitempty"`
+	LastSeen  int64  `json:"ls,omitempty"`
+}
+
+// shownPresence is what viewers see of the user a membership message is
+// about, as a Presence whose Look is the message's.
+func (m membershipMsg) shownPresence() *presence.Presence {
+	return &presence.Presence{UserID: m.User, State: presence.State(m.State), Version: m.Version,
+		Since: msTime(m.Since), ShownLastSeen: msTime(m.LastSeen),
+		Status: presence.Status{Text: m.Text, Emoji: m.Emoji, ExpiresAt: msTime(m.ExpiresAt)}}
 }
 
 // membershipChannel is one sharded channel, so membership events reach every
@@ -197,8 +212,10 @@ func (s *Store) publishMembership(ctx context.Context, team, user string) error 
 		if ps, err = s.Presence(ctx, []string{user}); err != nil {
 			return err
 		}
+		l := ps[0].Look()
 		b, _ := json.Marshal(membershipMsg{Team: team, User: user, Joined: slices.Contains(teams, team),
-			Teams: teams, State: int(ps[0].State), Version: ps[0].Version, MV: mv})
+			Teams: teams, State: int(ps[0].State), Version: ps[0].Version, MV: mv,
+			Text: l.Text, Emoji: l.Emoji, ExpiresAt: l.ExpiresAt, Since: unixMS(ps[0].Since), LastSeen: l.LastSeen})
 		if err := s.rdb.SPublish(ctx, membershipChannel, b).Err(); err != nil {
 			return s.failed(store.OpMembership, fmt.Errorf("redisstore: publish membership: %w", errors.Join(ErrUnavailable, err)))
 		}
