@@ -341,3 +341,25 @@ func TestStatusSurvivesReconnectAndNodeCrash(t *testing.T) {
 		}
 	}
 }
+
+// A team join on one node shows the status text to the new teammate on the
+// other, with the user's current version.
+func TestTeamJoinShowsTheStatusTextAcrossNodes(t *testing.T) {
+	r := redistest.Start(t)
+	a := startNode(t, r.URL(), "a", statusTiming)
+	b := startNode(t, r.URL(), "b", statusTiming)
+	a.join("t1", "alice")
+	a.join("t2", "bob")
+	alice := dialWS(t, a, "alice", "web")
+	bob := dialWS(t, b, "bob", "web")
+	bob.setStatus(map[string]any{"mode": "dnd", "text": "focus"})
+	my := bob.myStatus("dnd")
+	b.join("t1", "bob")
+	c := alice.change("bob=dnd")
+	if c["text"] != "focus" || num(c["version"]) < num(my["version"]) {
+		t.Fatalf("alice's catch-up = %v (status %v)", c, my)
+	}
+	if c := bob.change("alice=online"); c["text"] != nil {
+		t.Fatalf("bob's catch-up = %v", c)
+	}
+}

@@ -321,3 +321,23 @@ func TestStatusSurvivesReconnect(t *testing.T) {
 	}
 	bob2.expectQuiet(100 * time.Millisecond)
 }
+
+// A team join (rule 7) shows the status text to the new teammates, both ways.
+func TestTeamJoinShowsTheStatusText(t *testing.T) {
+	ts := startServer(t)
+	ts.join("t1", "alice")
+	ts.join("t2", "bob")
+	alice, _ := ts.dialStatus(t, "alice")
+	bob, _ := ts.dialStatus(t, "bob")
+	bob.setStatus(map[string]any{"mode": "dnd", "text": "focus", "emoji": "🎧"})
+	bob.expectMyStatus("dnd")
+	alice.setStatus(map[string]any{"mode": "auto", "text": "lunch"})
+	alice.expectMyStatus("auto")
+	ts.join("t1", "bob")
+	if c := alice.expectChange("bob=dnd"); c["text"] != "focus" || c["emoji"] != "🎧" || c["since"] == nil {
+		t.Fatalf("alice's catch-up = %v", c)
+	}
+	if c := bob.expectChange("alice=online"); c["text"] != "lunch" {
+		t.Fatalf("bob's catch-up = %v", c)
+	}
+}
