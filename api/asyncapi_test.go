@@ -235,6 +235,10 @@ func TestAsyncAPIAgainstServer(t *testing.T) {
 		`{}`,
 		`[]`,
 		`{"type":"heartbeat"`,
+		`{"type":"set_status","mode":"busy"}`,
+		`{"type":"set_status","mode":"dnd","text":"` + strings.Repeat("x", 101) + `"}`,
+		// Last: on Redis its my_status may come after the fence.
+		`{"type":"set_status","mode":"dnd","text":"In a meeting","emoji":"📅","expires_at":null}`,
 	}
 	var agreed []string
 	for _, kind := range storeKinds {

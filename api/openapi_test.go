@@ -288,6 +288,14 @@ func TestOpenAPIAgainstServer(t *testing.T) {
 				ex.method, ex.path = "POST", "/v1/presence/query"
 				c.do(t, ex)
 			}
+			for _, ex := range []exchange{
+				{method: "PUT", path: "/v1/users/alice/status", body: `{"mode":"dnd","text":"In a meeting","emoji":"📅","expires_at":null}`, want: 200},
+				{method: "PUT", path: "/v1/users/alice/status", body: `{"mode":"busy"}`, want: 400},
+				{method: "PUT", path: "/v1/users/" + long + "/status", body: `{"mode":"dnd"}`, want: 400},
+				{method: "DELETE", path: "/v1/users/alice/status", want: 200},
+			} {
+				c.do(t, ex)
+			}
 			c.do(t, exchange{method: "DELETE", path: "/v1/teams/eng/members/bob", want: 204})
 			c.do(t, exchange{method: "DELETE", path: "/v1/teams/eng/members/" + long, want: 400})
 

@@ -86,7 +86,9 @@ type Client struct {
 	welcome protocol.Welcome // guarded by mu: of the latest connection
 	status  string           // guarded by mu: the device status asked for, re-sent on reconnect
 	frozen  bool             // guarded by mu
-	thawed  chan struct{}    // guarded by mu: closed while not frozen
+	// myStatus is the user's status from the last my_status; guarded by mu.
+	myStatus UserStatus
+	thawed   chan struct{} // guarded by mu: closed while not frozen
 }
 
 // Dial connects to a greendot server, such as ws://127.0.0.1:8080/v1/connect,

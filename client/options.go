@@ -39,6 +39,11 @@ type Options struct {
 	// slow OnChange holds up the reading of the connection. Change.Received
 	// is the moment the frame was read.
 	OnChange func(Change)
+	// OnMyStatus, if set, is called with the user's own status whenever the
+	// server tells it (my_status: after welcome when not the default, and
+	// on every change, from any device), on the read goroutine. It must not
+	// block.
+	OnMyStatus func(UserStatus)
 	// ChangesBuffer is the capacity of the Changes channel; default 256.
 	ChangesBuffer int
 	// DisableChanges leaves the Changes channel unfed, for programs that

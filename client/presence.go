@@ -27,7 +27,22 @@ type State struct {
 	// server sent the transition, else the receipt of the snapshot that
 	// first showed it. The user has been in State at least since then (the
 	// transition may be older); never zero in a State the client holds.
+	// With a v2 server, which sends since, it is the server's: when the
+	// user entered State.
 	Since time.Time
+	// The user's status text and emoji shown (v2), and when they end; empty
+	// and zero when unset, and always while the user is invisible.
+	Text      string
+	Emoji     string
+	ExpiresAt time.Time
+	// LastSeen is, for offline changes of a v2 server, when the user was
+	// last seen; zero otherwise.
+	LastSeen time.Time
+}
+
+// look is what a change of which is news: the state and the status shown.
+func (s State) look() [4]string {
+	return [4]string{s.State, s.Text, s.Emoji, s.ExpiresAt.String()}
 }
 
 // String reads "bob away v7 since 2025-11-30T10:04:05.123Z".
@@ -49,7 +64,13 @@ type Change struct {
 	Version uint64    // as in State
 	At      time.Time // as in State: zero when the change came from a snapshot
 	Since   time.Time // as in State: never zero
-	// Previous is the state held before ("" if none).
+	// The status shown, as in State (v2).
+	Text      string
+	Emoji     string
+	ExpiresAt time.Time
+	LastSeen  time.Time
+	// Previous is the state held before ("" if none). A change of text or
+	// emoji alone has Previous equal to State.
 	Previous string
 	// Received is when the frame carrying the change was read off the
 	// socket, before any decoding or queueing: Received.Sub(At) is the
@@ -62,6 +83,7 @@ type Change struct {
 
 func (s State) change(previous string, received time.Time, fromSnapshot bool) Change {
 	return Change{UserID: s.UserID, State: s.State, Version: s.Version, At: s.At, Since: s.Since,
+		Text: s.Text, Emoji: s.Emoji, ExpiresAt: s.ExpiresAt, LastSeen: s.LastSeen,
 		Previous: previous, Received: received, FromSnapshot: fromSnapshot}
 }
 
@@ -89,14 +111,22 @@ func newPresenceMap() *presenceMap {
 func (m *presenceMap) applySnapshot(users []protocol.UserState, received time.Time) []Change {
 	next := make(map[string]State, len(users))
 	for _, u := range users {
-		next[u.UserID] = State{UserID: u.UserID, State: u.State, Version: u.Version, Since: received}
+		s := State{UserID: u.UserID, State: u.State, Version: u.Version, Since: received,
+			Text: u.Text, Emoji: u.Emoji, ExpiresAt: msTime(u.ExpiresAt)}
+		if u.Since != 0 {
+			s.Since = time.UnixMilli(u.Since)
+		}
+		next[u.UserID] = s
 	}
 	var changes []Change
 	for id, s := range next {
 		old, ok := m.users[id]
 		switch {
-		case ok && old.State == s.State:
-			s.At, s.Since = old.At, old.Since
+		case ok && old.look() == s.look():
+			s.At = old.At
+			if s.Since.Equal(received) {
+				s.Since = old.Since
+			}
 			next[id] = s
 		case ok:
 			changes = append(changes, s.change(old.State, received, true))
@@ -126,10 +156,14 @@ func (m *presenceMap) applyChanges(changes []protocol.Change, received time.Time
 		if ok && ch.Version <= old.Version {
 			continue
 		}
-		s := State{UserID: ch.UserID, State: ch.State, Version: ch.Version, Since: received}
+		s := State{UserID: ch.UserID, State: ch.State, Version: ch.Version, Since: received,
+			Text: ch.Text, Emoji: ch.Emoji, ExpiresAt: msTime(ch.ExpiresAt), LastSeen: msTime(ch.LastSeen)}
 		if ch.At != 0 {
 			s.At = time.UnixMilli(ch.At)
 			s.Since = s.At
+		}
+		if ch.Since != 0 {
+			s.Since = time.UnixMilli(ch.Since)
 		}
 		m.users[ch.UserID] = s
 		applied = append(applied, s.change(old.State, received, false))
@@ -168,6 +202,12 @@ type UserPresence struct {
 	// last_seen); zero for a user never seen, or unknown.
 	LastSeen time.Time
 	Version  uint64
+	// v2: the status text shown, when set; since when the state holds
+	// (zero for a user never seen).
+	Text      string
+	Emoji     string
+	ExpiresAt time.Time
+	Since     time.Time
 }
 
 // String reads "bob online v7 on 2 connections [ios web]", "erin offline v4
@@ -194,6 +234,13 @@ func userPresence(u protocol.UserPresence) UserPresence {
 		Devices: u.Devices, Version: u.Version}
 	if u.LastSeen != nil {
 		p.LastSeen = time.UnixMilli(*u.LastSeen)
+	}
+	p.Text, p.Emoji = u.Text, u.Emoji
+	if u.ExpiresAt != nil {
+		p.ExpiresAt = time.UnixMilli(*u.ExpiresAt)
+	}
+	if u.Since != nil {
+		p.Since = time.UnixMilli(*u.Since)
 	}
 	return p
 }

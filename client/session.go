@@ -94,11 +94,19 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 		_ = conn.CloseNow()
 		return nil, err
 	}
+	// v2: the user's status may come between welcome and snapshot.
 	var snap protocol.Snapshot
-	received, err := readFrame(ctx, conn, protocol.TypeSnapshot, &snap)
+	var my protocol.MyStatus
+	received, err := readFrame(ctx, conn, protocol.TypeSnapshot, &snap, protocol.TypeMyStatus, &my)
+	if err == nil && my.Type != "" {
+		received, err = readFrame(ctx, conn, protocol.TypeSnapshot, &snap)
+	}
 	if err != nil {
 		_ = conn.CloseNow()
 		return nil, err
+	}
+	if my.Type != "" {
+		c.applyMyStatus(my)
 	}
 
 	s := &session{
@@ -166,7 +174,8 @@ func (e *retryAfterError) Error() string { return e.err.Error() }
 func (e *retryAfterError) Unwrap() error { return e.err }
 
 // readFrame reads one frame that must be of type want into v.
-func readFrame(ctx context.Context, conn *websocket.Conn, want string, v any) (time.Time, error) {
+// A frame of type alt (when given) is decoded into altV instead.
+func readFrame(ctx context.Context, conn *websocket.Conn, want string, v any, alt ...any) (time.Time, error) {
 	_, data, err := conn.Read(ctx)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("client: waiting for %s: %w", want, err)
@@ -178,7 +187,9 @@ func readFrame(ctx context.Context, conn *websocket.Conn, want string, v any) (t
 	if err := json.Unmarshal(data, &head); err != nil {
 		return received, fmt.Errorf("%w: %s frame: %v", ErrProtocol, want, err)
 	}
-	if head.Type != want {
+	if len(alt) == 2 && head.Type == alt[0] {
+		v = alt[1]
+	} else if head.Type != want {
 		return received, fmt.Errorf("%w: got %q where %q belongs", ErrProtocol, head.Type, want)
 	}
 	if err := json.Unmarshal(data, v); err != nil {
@@ -269,6 +280,11 @@ func (s *session) dispatch(data []byte, now time.Time) {
 		var e protocol.Error
 		if err = json.Unmarshal(data, &e); err == nil {
 			c.opts.Logger.Warn("greendot: server refused a frame", "code", e.Code, "message", e.Message)
+		}
+	case protocol.TypeMyStatus:
+		var m protocol.MyStatus
+		if err = json.Unmarshal(data, &m); err == nil {
+			c.applyMyStatus(m)
 		}
 	case protocol.TypeWelcome:
 	default:

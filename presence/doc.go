@@ -14,6 +14,11 @@
 //   - when the last connection ends the user stays as they were for the
 //     offline grace; a new connection in that window cancels it silently;
 //   - every observable change increments the user's version;
+//   - a user's status (SetUserStatus) applies to all their devices: mode
+//     dnd shows an online or away user as DND, mode invisible shows them
+//     offline; its text and emoji are shown too, until it is replaced or
+//     its expiry passes (Advance resets it to auto). Every difference in
+//     what viewers see (Look) is one change with a new version;
 //   - a user offline for Config.ForgetAfter is forgotten (reported as never
 //     seen); versions start above every forgotten user's, so one who comes
 //     back still publishes newer versions than viewers hold.

@@ -12,6 +12,8 @@ const (
 	Offline State = iota
 	Online
 	Away
+	// DND: online or away with the status mode dnd (v2).
+	DND
 )
 
 func (s State) String() string {
@@ -20,13 +22,17 @@ func (s State) String() string {
 		return "online"
 	case Away:
 		return "away"
+	case DND:
+		return "dnd"
 	}
 	return "offline"
 }
 
-// ParseState is the inverse of String for the three real states.
+// ParseState is the inverse of String for the real states.
 func ParseState(s string) (State, bool) {
 	switch s {
+	case "dnd":
+		return DND, true
 	case "online":
 		return Online, true
 	case "away":
@@ -37,29 +43,42 @@ func ParseState(s string) (State, bool) {
 	return Offline, false
 }
 
-// Change is one published transition of one user.
+// Change is one published transition of one user: every difference in
+// what viewers see (Look) is one, with a new version.
 type Change struct {
 	UserID  string
 	State   State
 	Version uint64
 	At      time.Time
-	// Previous is the state viewers held before this change; LastSeen, set
-	// only when State is Offline, the user's last sign of life. Webhooks
-	// report both; frames to viewers carry neither, and neither do the
-	// Redis store's Pub/Sub messages (its events leave them zero: its
-	// webhooks are queued by the scripts, which know both).
+	// Previous is the state viewers were shown before this change (the
+	// same State for a change of text or emoji alone). Webhooks report it;
+	// frames to viewers do not carry it.
 	Previous State
-	LastSeen time.Time
+	// The status text and emoji shown, and their expiry (zero: none); none
+	// while the user is invisible.
+	Text      string
+	Emoji     string
+	ExpiresAt time.Time
+	Since     time.Time // when State began (At, for a change of state)
+	LastSeen  time.Time // offline only: when the user was last seen, as viewers are told
 }
 
-// Presence is the full presence of one user.
+// Presence is the full presence of one user: the truth. Viewers see
+// Visible() of it (an invisible user is offline to them).
 type Presence struct {
 	UserID          string
-	State           State
+	State           State // as viewers see it: dnd for mode dnd, offline while invisible
 	Version         uint64
 	ConnectionCount int
 	Devices         []string  // distinct device kinds, sorted
-	LastSeen        time.Time // zero when never seen
+	LastSeen        time.Time // the last sign of life; zero when never seen
+	Since           time.Time // when State began; zero when never seen
+	// ShownLastSeen is the last seen viewers were told with the offline
+	// they hold: while invisible, the moment the user went invisible.
+	ShownLastSeen time.Time
+	Status        Status    // the user's status setting (the mode is the truth)
+	Actual        State     // the truth: State as if the user were not invisible
+	ActualSince   time.Time // when Actual began
 }
 
 // Conn describes a new connection.
@@ -103,6 +122,10 @@ type Outcome struct {
 	ExpiryLag []time.Duration
 	// Forgotten counts users whose state was dropped (Config.ForgetAfter).
 	Forgotten int
+	// Statuses are the status changes, for the users' own connections.
+	Statuses []StatusChange
+	// StatusesExpired counts statuses ended by their expiry.
+	StatusesExpired int
 }
 
 // Config sets a Tracker's deadlines.

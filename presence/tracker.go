@@ -15,14 +15,25 @@ type connEntry struct {
 }
 
 type userEntry struct {
-	id         string
-	conns      []*connEntry // few per user: a slice beats a map
-	published  State        // the state viewers were last told
-	version    uint64
-	lastSeen   time.Time // last sign of life of a connection that has ended
-	graceUntil time.Time // zero unless the user has no connection and is in grace
-	forgetAt   time.Time // when to forget the user; meaningful while forgetIdx >= 0
-	forgetIdx  int       // index in Tracker.forgets; -1 unless offline and due to be forgotten
+	id    string
+	conns []*connEntry // few per user: a slice beats a map
+	// real is the state the devices make, the grace applied: what viewers
+	// would be told but for the status.
+	real    State
+	version uint64
+	status  Status
+	// What viewers were last told (look), since when its state holds, and
+	// the last seen told with an offline.
+	look        Look
+	since       time.Time
+	shownSeen   time.Time
+	actual      State // real, dnd applied: the truth an API key reads
+	actualSince time.Time
+	lastSeen    time.Time // last sign of life of a connection that has ended
+	graceUntil  time.Time // zero unless the user has no connection and is in grace
+	forgetAt    time.Time // when to forget the user; meaningful while forgetIdx >= 0
+	forgetIdx   int       // index in Tracker.forgets; -1 unless offline and due to be forgotten
+	expireIdx   int       // index in Tracker.expires; -1 unless the status has an expiry
 }
 
 // Tracker applies the presence rules. It is not safe for concurrent use.
@@ -32,6 +43,7 @@ type Tracker struct {
 	users   map[string]*userEntry
 	expiry  deadlines   // connection deadlines, lazily refreshed
 	graces  deadlines   // grace ends
+	expires statusQueue // users with a status that expires, by expiry
 	forgets forgetQueue // offline users, by when to forget them
 	present int         // users whose published state is not offline
 	// floor is the highest version a forgotten user had. Every user's
@@ -158,8 +170,16 @@ func (t *Tracker) Advance(now time.Time) Outcome {
 	}
 	// Only users offline with no connection are queued (a connect removes
 	// its user's entry), so whatever is due goes.
+	for t.expires.Len() > 0 && !t.expires[0].status.ExpiresAt.After(now) {
+		u := t.expires[0]
+		t.setStatusLocked(now, u, Status{}, &out) // takes u out of the queue
+		out.StatusesExpired++
+	}
 	for t.forgets.Len() > 0 && !t.forgets[0].forgetAt.After(now) {
 		u := heap.Pop(&t.forgets).(*userEntry)
+		if u.expireIdx >= 0 {
+			heap.Remove(&t.expires, u.expireIdx)
+		}
 		delete(t.users, u.id)
 		t.floor = max(t.floor, u.version)
 		out.Forgotten++
@@ -184,6 +204,11 @@ func (t *Tracker) NextDeadline() time.Time {
 			next = f
 		}
 	}
+	if t.expires.Len() > 0 {
+		if e := t.expires[0].status.ExpiresAt; next.IsZero() || e.Before(next) {
+			next = e
+		}
+	}
 	return next
 }
 
@@ -195,10 +220,14 @@ func (t *Tracker) Presence(userID string) Presence {
 	if !ok {
 		return p
 	}
-	p.State = u.published
+	p.State = u.look.State
 	p.Version = u.version
 	p.ConnectionCount = len(u.conns)
 	p.LastSeen = u.lastSeen
+	p.Since = u.since
+	p.ShownLastSeen = u.shownSeen
+	p.Status = u.status
+	p.Actual, p.ActualSince = u.actual, u.actualSince
 	for _, ce := range u.conns {
 		if ce.lastSeen.After(p.LastSeen) {
 			p.LastSeen = ce.lastSeen
@@ -216,7 +245,23 @@ func (t *Tracker) State(userID string) (State, uint64) {
 	if !ok {
 		return Offline, 0
 	}
-	return u.published, u.version
+	return u.look.State, u.version
+}
+
+// Entry is Presence without the connections and devices: what viewers are
+// told in a snapshot, with the status it shows.
+func (t *Tracker) Entry(userID string) Presence {
+	p := Presence{UserID: userID}
+	u, ok := t.users[userID]
+	if !ok {
+		return p
+	}
+	p.State, p.Version = u.look.State, u.version
+	p.Since, p.ShownLastSeen = u.since, u.shownSeen
+	p.Status = u.status
+	p.Actual, p.ActualSince = u.actual, u.actualSince
+	p.LastSeen = u.lastSeen
+	return p
 }
 
 // Has reports whether connID is a live connection.
@@ -233,7 +278,7 @@ func (t *Tracker) Counts() (conns, present int) {
 func (t *Tracker) user(id string) *userEntry {
 	u, ok := t.users[id]
 	if !ok {
-		u = &userEntry{id: id, version: t.floor, forgetIdx: -1}
+		u = &userEntry{id: id, version: t.floor, forgetIdx: -1, expireIdx: -1}
 		t.users[id] = u
 	}
 	return u
@@ -283,37 +328,122 @@ func (t *Tracker) settleLocked(now time.Time, userID string, out *Outcome) {
 	t.publishIfChanged(now, userID, u, out)
 }
 
-// publishIfChanged publishes the user's derived state if it differs from the
-// one viewers hold. During grace the published state stands.
+// publishIfChanged publishes what viewers see of the user if the derived
+// state makes it differ from what they hold. During grace the real state
+// stands.
 func (t *Tracker) publishIfChanged(now time.Time, userID string, u *userEntry, out *Outcome) {
 	if !u.graceUntil.IsZero() {
 		return
 	}
 	s := derive(u.conns)
-	if s == u.published {
-		return
-	}
-	if u.published == Offline {
-		t.present++
-	} else if s == Offline {
-		t.present--
-	}
-	prev := u.published
-	u.published = s
-	u.version++
-	ch := Change{UserID: userID, State: s, Version: u.version, At: now, Previous: prev}
-	if s == Offline {
-		ch.LastSeen = u.lastSeen
-	}
-	out.Changes = append(out.Changes, ch)
-	if s == Offline && t.cfg.ForgetAfter > 0 {
-		u.forgetAt = now.Add(t.cfg.ForgetAfter)
-		if u.forgetIdx >= 0 {
-			heap.Fix(&t.forgets, u.forgetIdx)
-		} else {
-			heap.Push(&t.forgets, u)
+	if s != u.real {
+		if u.real == Offline {
+			t.present++
+		} else if s == Offline {
+			t.present--
+		}
+		u.real = s
+		if s == Offline && t.cfg.ForgetAfter > 0 {
+			u.forgetAt = now.Add(t.cfg.ForgetAfter)
+			if u.forgetIdx >= 0 {
+				heap.Fix(&t.forgets, u.forgetIdx)
+			} else {
+				heap.Push(&t.forgets, u)
+			}
 		}
 	}
+	t.showLocked(now, u, false, out)
+}
+
+// SetUserStatus replaces the user's status whole (DESIGN.md Part 1b). A
+// status equal to the one held changes nothing; any other takes a new
+// version, reported in Outcome.Statuses for the user's own connections,
+// and, if what viewers see differs, one change at that version.
+func (t *Tracker) SetUserStatus(now time.Time, userID string, st Status) (Outcome, error) {
+	if err := st.Validate(now); err != nil {
+		return Outcome{}, err
+	}
+	var out Outcome
+	u := t.user(userID)
+	t.setStatusLocked(now, u, st, &out)
+	return out, nil
+}
+
+func (t *Tracker) setStatusLocked(now time.Time, u *userEntry, st Status, out *Outcome) {
+	if !st.ExpiresAt.IsZero() {
+		st.ExpiresAt = time.UnixMilli(st.ExpiresAt.UnixMilli()) // the wire's precision
+	}
+	if st.Equal(u.status) {
+		return
+	}
+	u.status = st
+	u.version++
+	// One entry per user, moved in place: a client replacing its status
+	// over and over must not grow the queue.
+	switch {
+	case !st.ExpiresAt.IsZero() && u.expireIdx >= 0:
+		heap.Fix(&t.expires, u.expireIdx)
+	case !st.ExpiresAt.IsZero():
+		heap.Push(&t.expires, u)
+	case u.expireIdx >= 0:
+		heap.Remove(&t.expires, u.expireIdx)
+	}
+	out.Statuses = append(out.Statuses, StatusChange{UserID: u.id, Status: st, Version: u.version})
+	t.showLocked(now, u, true, out)
+}
+
+// showLocked publishes what viewers see of u (look) if it differs from
+// what they hold; bumped: the caller took the new version already.
+func (t *Tracker) showLocked(now time.Time, u *userEntry, bumped bool, out *Outcome) {
+	actual := u.real
+	if actual != Offline && u.status.Mode == ModeDND {
+		actual = DND
+	}
+	if actual != u.actual {
+		u.actual, u.actualSince = actual, now
+	}
+	l := Look{State: actual}
+	if u.status.Mode == ModeInvisible {
+		l.State = Offline
+	} else {
+		l.Text, l.Emoji = u.status.Text, u.status.Emoji
+		// An expiry means something next to a text, an emoji or dnd; alone
+		// on an online or offline user it would not.
+		if l.Text != "" || l.Emoji != "" || l.State == DND {
+			l.ExpiresAt = ms(u.status.ExpiresAt)
+		}
+	}
+	if l.State != u.look.State {
+		u.since = now
+		if l.State == Offline {
+			// Hidden by invisibility: last seen now. Really offline: the
+			// last sign of life.
+			u.shownSeen = u.lastSeen
+			if u.real != Offline {
+				u.shownSeen = now
+			}
+		}
+	}
+	if l.State == Offline {
+		l.LastSeen = ms(u.shownSeen)
+	}
+	if l == u.look {
+		return
+	}
+	prev := u.look.State
+	u.look = l
+	if !bumped {
+		u.version++
+	}
+	c := Change{UserID: u.id, State: l.State, Previous: prev, Version: u.version, At: now, Since: u.since,
+		Text: l.Text, Emoji: l.Emoji}
+	if l.ExpiresAt != 0 {
+		c.ExpiresAt = time.UnixMilli(l.ExpiresAt)
+	}
+	if l.State == Offline {
+		c.LastSeen = u.shownSeen
+	}
+	out.Changes = append(out.Changes, c)
 }
 
 // derive is rule 4: online if any device is active, away if all are idle.
@@ -391,5 +521,31 @@ func (q *forgetQueue) Pop() any {
 	old[len(old)-1] = nil // the spare capacity must not keep the user alive
 	*q = old[:len(old)-1]
 	u.forgetIdx = -1
+	return u
+}
+
+// statusQueue is a min-heap of users by status expiry for container/heap;
+// each user knows its index, so a replaced status moves its one entry.
+type statusQueue []*userEntry
+
+func (q statusQueue) Len() int { return len(q) }
+func (q statusQueue) Less(i, j int) bool {
+	return q[i].status.ExpiresAt.Before(q[j].status.ExpiresAt)
+}
+func (q statusQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].expireIdx, q[j].expireIdx = i, j
+}
+func (q *statusQueue) Push(x any) {
+	u := x.(*userEntry)
+	u.expireIdx = len(*q)
+	*q = append(*q, u)
+}
+func (q *statusQueue) Pop() any {
+	old := *q
+	u := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	u.expireIdx = -1
 	return u
 }

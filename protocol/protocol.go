@@ -24,6 +24,7 @@ const (
 	TypeQueryResult  = "query_result"
 	TypeReconnect    = "reconnect"
 	TypeError        = "error"
+	TypeMyStatus     = "my_status" // v2: the user's own status, to their own connections
 )
 
 // Frame types, client to server.
@@ -31,6 +32,7 @@ const (
 	TypeHeartbeat = "heartbeat"
 	TypeStatus    = "status"
 	TypeQuery     = "query"
+	TypeSetStatus = "set_status" // v2: the user's status, every device
 )
 
 // Presence states as they appear on the wire.
@@ -38,6 +40,7 @@ const (
 	StateOnline  = "online"
 	StateAway    = "away"
 	StateOffline = "offline"
+	StateDND     = "dnd"     // v2: online or away with the status mode dnd
 	StateUnknown = "unknown" // query result for a user who shares no team with the viewer
 )
 
@@ -99,19 +102,36 @@ type Welcome struct {
 	OfflineGraceMS      int64  `json:"offline_grace_ms"` // added to v1: how long offline waits after the last connection
 }
 
-// UserState is one entry of a snapshot, or of a team's online list.
+// Status modes (v2), as set_status and my_status carry them.
+const (
+	ModeAuto      = "auto"
+	ModeDND       = "dnd"
+	ModeInvisible = "invisible"
+)
+
+// UserState is one entry of a snapshot, or of a team's online list. The
+// fields after Version are v2: the status text shown, when set, and since
+// when the state holds (Unix ms).
 type UserState struct {
-	UserID  string `json:"user_id"`
-	State   string `json:"state"`
-	Version uint64 `json:"version"`
+	UserID    string `json:"user_id"`
+	State     string `json:"state"`
+	Version   uint64 `json:"version"`
+	Text      string `json:"text,omitempty"`
+	Emoji     string `json:"emoji,omitempty"`
+	ExpiresAt int64  `json:"expires_at,omitempty"`
+	Since     int64  `json:"since,omitempty"`
 }
 
 // OfflineMember is one entry of a team's offline list (added to v1): an
 // offline member, LastSeen being null (nil) for a member never seen.
 type OfflineMember struct {
-	UserID   string `json:"user_id"`
-	Version  uint64 `json:"version"`
-	LastSeen *int64 `json:"last_seen"`
+	UserID    string `json:"user_id"`
+	Version   uint64 `json:"version"`
+	LastSeen  *int64 `json:"last_seen"`
+	Text      string `json:"text,omitempty"`
+	Emoji     string `json:"emoji,omitempty"`
+	ExpiresAt int64  `json:"expires_at,omitempty"`
+	Since     int64  `json:"since,omitempty"`
 }
 
 // Snapshot follows welcome: every visible user who is not offline.
@@ -120,12 +140,19 @@ type Snapshot struct {
 	Users []UserState `json:"users"`
 }
 
-// Change is one versioned transition of one user.
+// Change is one versioned transition of one user. The fields after At are
+// v2: the status text shown (when set), since when the state holds, and,
+// for offline, when the user was last seen. Comparable (frameCache).
 type Change struct {
-	UserID  string `json:"user_id"`
-	State   string `json:"state"`
-	Version uint64 `json:"version"`
-	At      int64  `json:"at"`
+	UserID    string `json:"user_id"`
+	State     string `json:"state"`
+	Version   uint64 `json:"version"`
+	At        int64  `json:"at"`
+	Text      string `json:"text,omitempty"`
+	Emoji     string `json:"emoji,omitempty"`
+	ExpiresAt int64  `json:"expires_at,omitempty"`
+	Since     int64  `json:"since,omitempty"`
+	LastSeen  int64  `json:"last_seen,omitempty"`
 }
 
 // Presence carries one or more changes, batched.
@@ -151,6 +178,14 @@ type UserPresence struct {
 	Devices         []string `json:"devices"`
 	LastSeen        *int64   `json:"last_seen"`
 	Version         uint64   `json:"version"`
+	// v2: the status text shown, when set; since when the state holds
+	// (null for a user never seen); the mode only in the truth an API key
+	// reads (GET /v1/users/{user}/presence).
+	Text      string `json:"text,omitempty"`
+	Emoji     string `json:"emoji,omitempty"`
+	ExpiresAt *int64 `json:"expires_at,omitempty"`
+	Since     *int64 `json:"since"`
+	Mode      string `json:"mode,omitempty"`
 }
 
 // MarshalJSON writes an unknown user as {"user_id","state"} alone.
@@ -173,6 +208,29 @@ type QueryResult struct {
 	Type  string          `json:"type"`
 	ID    json.RawMessage `json:"id"`
 	Users []UserPresence  `json:"users"`
+}
+
+// MyStatus tells a user's own connections their status (v2), after
+// welcome when it is not the default and whenever it changes. Version is
+// the user's presence version at the change: older ones are stale.
+type MyStatus struct {
+	Type      string `json:"type"`
+	Mode      string `json:"mode"`
+	Text      string `json:"text"`
+	Emoji     string `json:"emoji"`
+	ExpiresAt *int64 `json:"expires_at"`
+	Version   uint64 `json:"version"`
+}
+
+// SetStatus sets the sending user's status (v2), every device and node,
+// replacing the previous one whole. Mode is required; ExpiresAt is Unix ms
+// or nil. The server checks the rest (lengths, characters, expiry).
+type SetStatus struct {
+	Type      string `json:"type"`
+	Mode      string `json:"mode"`
+	Text      string `json:"text,omitempty"`
+	Emoji     string `json:"emoji,omitempty"`
+	ExpiresAt *int64 `json:"expires_at,omitempty"`
 }
 
 // Reconnect tells a client to reconnect after a delay; the server then closes with 1012.
@@ -212,6 +270,7 @@ type ClientFrame struct {
 	Heartbeat *Heartbeat
 	Status    *Status
 	Query     *Query
+	SetStatus *SetStatus
 }
 
 // DecodeError is a client frame the server refuses; Code is one of the Code constants.
@@ -242,6 +301,11 @@ func DecodeClientFrame(data []byte) (ClientFrame, error) {
 		ID      json.RawMessage `json:"id"`
 		State   *string         `json:"state"`
 		UserIDs []string        `json:"user_ids"`
+		// set_status
+		Mode      *string `json:"mode"`
+		Text      *string `json:"text"`
+		Emoji     *string `json:"emoji"`
+		ExpiresAt *int64  `json:"expires_at"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
 		var typeErr *json.UnmarshalTypeError
@@ -279,6 +343,18 @@ func DecodeClientFrame(data []byte) (ClientFrame, error) {
 			return ClientFrame{}, err
 		}
 		f.Query = &Query{Type: TypeQuery, ID: raw.ID, UserIDs: raw.UserIDs}
+	case TypeSetStatus:
+		if raw.Mode == nil || !ValidMode(*raw.Mode) {
+			return ClientFrame{}, badRequest(`set_status "mode" must be "auto", "dnd" or "invisible"`)
+		}
+		st := &SetStatus{Type: TypeSetStatus, Mode: *raw.Mode, ExpiresAt: raw.ExpiresAt}
+		if raw.Text != nil {
+			st.Text = *raw.Text
+		}
+		if raw.Emoji != nil {
+			st.Emoji = *raw.Emoji
+		}
+		f.SetStatus = st
 	default:
 		return ClientFrame{}, &DecodeError{Code: CodeUnknownType, Message: fmt.Sprintf("unknown frame type %q", truncate(*raw.Type, 64))}
 	}
@@ -416,6 +492,8 @@ func kindName(k string) string {
 		return "an array"
 	case "string":
 		return "a string"
+	case "int64", "uint64", "int", "float64":
+		return "an integer"
 	case "ptr", "struct", "map":
 		return "an object"
 	}
@@ -427,6 +505,11 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// ValidMode reports whether m is a status mode.
+func ValidMode(m string) bool {
+	return m == ModeAuto || m == ModeDND || m == ModeInvisible
 }
 
 // ValidID reports whether s is a valid user, team or device id: 1–128 bytes

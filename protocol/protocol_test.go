@@ -76,7 +76,7 @@ func TestUnknownUserPresenceHasOnlyIDAndState(t *testing.T) {
 		t.Fatalf("unknown = %s", b)
 	}
 	b, _ = json.Marshal(UserPresence{UserID: "bob", State: StateOffline})
-	if string(b) != `{"user_id":"bob","state":"offline","connection_count":0,"devices":[],"last_seen":null,"version":0}` {
+	if string(b) != `{"user_id":"bob","state":"offline","connection_count":0,"devices":[],"last_seen":null,"version":0,"since":null}` {
 		t.Fatalf("never seen = %s", b)
 	}
 }
@@ -86,6 +86,7 @@ func TestUnknownUserPresenceHasOnlyIDAndState(t *testing.T) {
 func FuzzDecodeClientFrame(f *testing.F) {
 	for _, seed := range []string{
 		`{"type":"heartbeat","id":1}`, `{"type":"status","state":"online"}`,
+		`{"type":"set_status","mode":"dnd","text":"x","emoji":"📅","expires_at":1764500000000}`,
 		`{"type":"query","id":"q","user_ids":["a","b"]}`, `{"type":"x"}`, `{`, `[]`, `""`,
 		`{"type":"query","user_ids":[{"a":1}]}`, `{"type":"heartbeat","id":"\ud800"}`,
 	} {
@@ -117,6 +118,12 @@ func FuzzDecodeClientFrame(f *testing.F) {
 				t.Fatalf("accepted query with %d ids", len(fr.Query.UserIDs))
 			}
 		}
+		if fr.SetStatus != nil {
+			n++
+			if !ValidMode(fr.SetStatus.Mode) {
+				t.Fatalf("accepted set_status mode %q", fr.SetStatus.Mode)
+			}
+		}
 		if n != 1 {
 			t.Fatalf("decoded %d frames from %q", n, data)
 		}
@@ -142,6 +149,33 @@ func BenchmarkDecodeHeartbeat(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if _, err := DecodeClientFrame(data); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+func TestDecodeSetStatus(t *testing.T) {
+	f, err := DecodeClientFrame([]byte(`{"type":"set_status","mode":"dnd","text":"In a meeting","emoji":"📅","expires_at":1764500000000}`))
+	if err != nil || f.SetStatus == nil {
+		t.Fatalf("decode: %v, %+v", err, f)
+	}
+	if st := f.SetStatus; st.Mode != ModeDND || st.Text != "In a meeting" || st.Emoji != "📅" || st.ExpiresAt == nil || *st.ExpiresAt != 1764500000000 {
+		t.Fatalf("set_status = %+v", st)
+	}
+	f, err = DecodeClientFrame([]byte(`{"type":"set_status","mode":"auto","expires_at":null}`))
+	if err != nil || f.SetStatus == nil || f.SetStatus.ExpiresAt != nil {
+		t.Fatalf("decode auto: %v, %+v", err, f.SetStatus)
+	}
+	for _, bad := range []string{
+		`{"type":"set_status"}`,
+		`{"type":"set_status","mode":"busy"}`,
+		`{"type":"set_status","mode":"dnd","text":5}`,
+		`{"type":"set_status","mode":"dnd","expires_at":"soon"}`,
+		`{"type":"set_status","mode":"dnd","expires_at":1.5}`,
+	} {
+		_, err := DecodeClientFrame([]byte(bad))
+		var de *DecodeError
+		if !errors.As(err, &de) || de.Code != CodeBadRequest {
+			t.Errorf("%s: err %v, want bad_request", bad, err)
 		}
 	}
 }

@@ -70,7 +70,7 @@ func (s *Server) handleUserPresence(ctx context.Context, w http.ResponseWriter, 
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, toUserPresence(ps[0]))
+	writeJSON(w, http.StatusOK, truthPresence(ps[0]))
 	return nil
 }
 
@@ -117,7 +117,7 @@ func (s *Server) handleQuery(ctx context.Context, w http.ResponseWriter, r *http
 		Users []protocol.UserPresence `json:"users"`
 	}{Users: make([]protocol.UserPresence, len(ps))}
 	for i, p := range ps {
-		out.Users[i] = toUserPresence(p)
+		out.Users[i] = viewerPresence(p)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -148,11 +148,12 @@ func (s *Server) handleTeamPresence(ctx context.Context, w http.ResponseWriter, 
 		}
 		for _, p := range ps {
 			if p.State != presence.Offline {
-				out.Online = append(out.Online, protocol.UserState{UserID: p.UserID, State: p.State.String(), Version: p.Version})
+				out.Online = append(out.Online, userState(p))
 				continue
 			}
-			up := toUserPresence(p)
-			out.Offline = append(out.Offline, protocol.OfflineMember{UserID: up.UserID, Version: up.Version, LastSeen: up.LastSeen})
+			up, st := viewerPresence(p), userState(p)
+			out.Offline = append(out.Offline, protocol.OfflineMember{UserID: up.UserID, Version: up.Version, LastSeen: up.LastSeen,
+				Text: st.Text, Emoji: st.Emoji, ExpiresAt: st.ExpiresAt, Since: st.Since})
 		}
 	}
 	// Stores list members sorted; sorting again keeps the answer stable

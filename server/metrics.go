@@ -47,6 +47,7 @@ type metrics struct {
 	detectionLag       prometheus.Histogram
 	graceStarted       prometheus.Counter
 	graceCancellations prometheus.Counter
+	statusExpirations  prometheus.Counter
 	changes            *prometheus.CounterVec
 	fanout             prometheus.Histogram
 	deliveries         prometheus.Counter
@@ -92,6 +93,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10}}),
 		graceStarted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "grace_started_total",
 			Help: "Users who lost their last connection and entered the offline grace."}),
+		statusExpirations: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "status_expirations_total",
+			Help: "User statuses ended by their expires_at (by this node's sweeps)."}),
 		graceCancellations: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "grace_cancellations_total",
 			Help: "Graces cancelled by a new connection: offline flickers avoided."}),
 		changes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "changes_total",
@@ -120,7 +123,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.connections, m.usersOnline, m.heartbeats, m.frames, m.framesRejected,
 		m.connectsRejected, m.httpRefused, m.socketsRefused, m.heartbeatGap, m.expirations, m.detectionLag, m.graceStarted,
-		m.graceCancellations, m.changes, m.fanout, m.deliveries, m.coalesced, m.dropped,
+		m.graceCancellations, m.statusExpirations, m.changes, m.fanout, m.deliveries, m.coalesced, m.dropped,
 		m.slowDisconnects, m.storeLatency, m.storeErrors, m.resyncs, m.resyncDeliveries,
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: ns}),
 	)
@@ -154,6 +157,7 @@ func (m *metrics) ObserveOutcome(op string, out presence.Outcome, took time.Dura
 	}
 	m.graceStarted.Add(float64(out.GraceStarted))
 	m.graceCancellations.Add(float64(out.GraceCancelled))
+	m.statusExpirations.Add(float64(out.StatusesExpired))
 }
 
 var _ store.Observer = (*metrics)(nil)

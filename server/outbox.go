@@ -61,6 +61,9 @@ type client struct {
 	recent      map[string]uint64
 	recentUntil time.Time
 	expiry      *time.Timer // token expiry; nil without exp
+	// myStatus is the newest my_status this connection was given (or, before
+	// welcome, is to be given); Type is empty until one is known.
+	myStatus protocol.MyStatus
 }
 
 // allow applies the token-bucket rate limit to something that costs cost
@@ -207,7 +210,7 @@ func catchUp(p presence.Presence, held uint64, now time.Time) (protocol.Change, 
 	case v < held:
 		v = held + 1
 	}
-	return protocol.Change{UserID: p.UserID, State: p.State.String(), Version: v, At: now.UnixMilli()}, true
+	return changeOf(p, v, now), true
 }
 
 func (c *client) dropLocked(subject string) {
@@ -312,9 +315,9 @@ func foldSnapshot(users []presence.Presence, pending map[string]protocol.Change,
 	frame := protocol.Snapshot{Type: protocol.TypeSnapshot, Users: []protocol.UserState{}}
 	folded := make(map[string]struct{}, len(users))
 	for _, p := range users {
-		st := protocol.UserState{UserID: p.UserID, State: p.State.String(), Version: p.Version}
+		st := userState(p)
 		if q, ok := pending[p.UserID]; ok && q.Version > p.Version {
-			st.State, st.Version = q.State, q.Version
+			st = stateOfChange(q)
 		}
 		folded[p.UserID] = struct{}{}
 		if st.State != protocol.StateOffline {
@@ -326,9 +329,15 @@ func foldSnapshot(users []presence.Presence, pending map[string]protocol.Change,
 		if _, done := folded[s]; done || !ok || q.State == protocol.StateOffline {
 			continue
 		}
-		frame.Users = append(frame.Users, protocol.UserState{UserID: q.UserID, State: q.State, Version: q.Version})
+		frame.Users = append(frame.Users, stateOfChange(q))
 	}
 	return frame
+}
+
+// stateOfChange is a snapshot entry of a change folded in.
+func stateOfChange(q protocol.Change) protocol.UserState {
+	return protocol.UserState{UserID: q.UserID, State: q.State, Version: q.Version,
+		Text: q.Text, Emoji: q.Emoji, ExpiresAt: q.ExpiresAt, Since: q.Since}
 }
 
 // flush writes every pending change as one presence frame. enc caches the

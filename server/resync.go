@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/presence"
-	"github.com/greendot/greendot/protocol"
 	"github.com/greendot/greendot/store"
 )
 
@@ -81,7 +80,8 @@ func (h *hub) resync(floor func(string) uint64) {
 			}
 		}
 		for _, ch := range diff {
-			wc := protocol.Change{UserID: ch.UserID, State: ch.State.String(), Version: ch.Version, At: now}
+			wc := wireChange(ch)
+			wc.At = now
 			for lu := range members {
 				if lu.id == ch.UserID {
 					continue

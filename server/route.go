@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"time"
 
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/protocol"
@@ -99,6 +100,9 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	// change naming the team may have overtaken the event since, and been
 	// routed to the team's members already.
 	shown := presence.Presence{UserID: ev.UserID, State: ev.State, Version: ev.Version}
+	if ev.Presence != nil {
+		shown = *ev.Presence // the whole entry, status text included, when the store gave it
+	}
 	given := false  // the members hold shown or newer: nothing to push
 	var held uint64 // after a removal: the version the members may hold
 	if h.views != nil && h.byTeam[ev.Team] != nil {
@@ -110,7 +114,9 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		case ok && cur.version >= ev.Version && !cur.mixed:
 			given = true
 		case ok && cur.version >= ev.Version:
-			shown.State, shown.Version = cur.state, cur.version
+			shown = presence.Presence{UserID: ev.UserID, State: cur.look.State, Version: cur.version,
+				ShownLastSeen: msTime(cur.look.LastSeen),
+				Status:        presence.Status{Text: cur.look.Text, Emoji: cur.look.Emoji, ExpiresAt: msTime(cur.look.ExpiresAt)}}
 		default:
 			h.views.read(ev.Team, shown, false)
 		}
@@ -220,6 +226,15 @@ func sharesSet(a, b map[string]struct{}) bool {
 	return false
 }
 
+func msTime(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
 func wireChange(c presence.Change) protocol.Change {
-	return protocol.Change{UserID: c.UserID, State: c.State.String(), Version: c.Version, At: c.At.UnixMilli()}
+	l := c.Look()
+	return protocol.Change{UserID: c.UserID, State: c.State.String(), Version: c.Version, At: c.At.UnixMilli(),
+		Text: l.Text, Emoji: l.Emoji, ExpiresAt: l.ExpiresAt, Since: msOf(c.Since), LastSeen: l.LastSeen}
 }

@@ -444,6 +444,8 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/connect", s.handleConnect)
 	mux.HandleFunc("GET /v1/users/{user}/presence", s.api(s.handleUserPresence))
+	mux.HandleFunc("PUT /v1/users/{user}/status", s.api(s.handlePutStatus))
+	mux.HandleFunc("DELETE /v1/users/{user}/status", s.api(s.handleDeleteStatus))
 	mux.HandleFunc("POST /v1/presence/query", s.api(s.handleQuery))
 	mux.HandleFunc("GET /v1/teams/{team}/presence", s.api(s.handleTeamPresence))
 	mux.HandleFunc("PUT /v1/teams/{team}/members/{user}", s.api(s.handleAddMember))

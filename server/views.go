@@ -2,6 +2,7 @@ package server
 
 import (
 	"sync"
+	"time"
 
 	"github.com/greendot/greendot/presence"
 )
@@ -29,10 +30,10 @@ type views struct {
 
 // view is what the local members of one team hold of one subject.
 type view struct {
-	version uint64 // the newest version routed or read: older copies are stale
-	routed  uint64 // the newest version routed: a copy of it is no news
-	state   presence.State
-	// mixed: some members may hold another state than state (a snapshot read
+	version uint64        // the newest version routed or read: older copies are stale
+	routed  uint64        // the newest version routed: a copy of it is no news
+	look    presence.Look // what they see: state, status text, last seen
+	// mixed: some members may hold another look than look (a snapshot read
 	// disagreed with what was routed, or changes were missed). Cleared once a
 	// change at or above version has been delivered to all of them.
 	mixed bool
@@ -64,12 +65,12 @@ func (v *views) route(teams []string, ch presence.Change, deliver []bool) {
 	for i, t := range teams {
 		m := v.teamLocked(t)
 		cur, ok := m[ch.UserID]
-		next := view{version: ch.Version, state: ch.State, routed: ch.Version}
+		next := view{version: ch.Version, look: ch.Look(), routed: ch.Version}
 		switch {
 		case !ok:
 			deliver[i] = !copied
 		case ch.Version > cur.version:
-			deliver[i] = cur.mixed || (!copied && cur.state != ch.State)
+			deliver[i] = cur.mixed || (!copied && cur.look != next.look)
 		case ch.Version == cur.version && cur.mixed:
 			// Members who read an older state catch up; version is the
 			// newest anyone holds, so after this they all agree.
@@ -104,14 +105,14 @@ func readLocked(m map[string]view, p presence.Presence, others bool) {
 	cur, ok := m[p.UserID]
 	if !ok {
 		// Members already there hold nothing of the subject: offline.
-		m[p.UserID] = view{version: p.Version, state: p.State, mixed: others && p.State != presence.Offline}
+		m[p.UserID] = view{version: p.Version, look: p.Look(), mixed: others && p.State != presence.Offline}
 		return
 	}
-	if p.State != cur.state {
+	if p.Look() != cur.look {
 		cur.mixed = true
 	}
 	if p.Version > cur.version {
-		cur.version, cur.state = p.Version, p.State
+		cur.version, cur.look = p.Version, p.Look()
 	}
 	m[p.UserID] = cur
 }
@@ -190,19 +191,19 @@ func (v *views) resync(team string, truth []presence.Presence, floor func(string
 			continue
 		case !ok:
 			if t.State != presence.Offline {
-				out = append(out, presence.Change{UserID: t.UserID, State: t.State, Version: t.Version})
+				out = append(out, t.ChangeAt(t.Version, time.Time{}))
 			}
 		case t.Version >= cur.version:
-			if cur.mixed || cur.state != t.State {
-				out = append(out, presence.Change{UserID: t.UserID, State: t.State, Version: t.Version})
+			if cur.mixed || cur.look != t.Look() {
+				out = append(out, t.ChangeAt(t.Version, time.Time{}))
 			}
-		case cur.mixed || cur.state != t.State: // the store lost what they hold
+		case cur.mixed || cur.look != t.Look(): // the store lost what they hold
 			t.Version = f
-			out = append(out, presence.Change{UserID: t.UserID, State: t.State, Version: f})
+			out = append(out, t.ChangeAt(f, time.Time{}))
 		default:
 			t.Version = cur.version
 		}
-		m[t.UserID] = view{version: t.Version, state: t.State, routed: max(cur.routed, t.Version)}
+		m[t.UserID] = view{version: t.Version, look: t.Look(), routed: max(cur.routed, t.Version)}
 	}
 	// Subjects no longer members are not carried over: nothing more is sent
 	// between users who no longer share the team.

@@ -249,7 +249,7 @@ func TestJoinEventOvertakenByAChange(t *testing.T) {
 	if got != "map[]" {
 		t.Fatalf("after the late join event, alice's outbox = %s, want nothing (she holds bob=online v8)", got)
 	}
-	if cur, _ := h.views.get("t1", "bob"); cur.version != 8 || cur.state != presence.Online || cur.mixed {
+	if cur, _ := h.views.get("t1", "bob"); cur.version != 8 || cur.look.State != presence.Online || cur.mixed {
 		t.Fatalf("t1's view of bob = %+v, want online v8, not mixed", cur)
 	}
 }

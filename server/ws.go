@@ -195,6 +195,20 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		_ = s.store.Disconnect(ctx, c.id, presence.Closed)
 		return
 	}
+	// The user's own status, for my_status right after welcome. Changes
+	// from now on reach c through the hub (OnStatus) as well; the newer
+	// version wins.
+	var own []presence.Presence
+	err = s.timed(store.OpQuery, func() error {
+		var err error
+		own, err = s.store.Presence(ctx, []string{c.user})
+		return err
+	})
+	if err != nil {
+		s.log.Error("read own status", "err", err)
+		c.closeWith(1011, "store unavailable")
+		return
+	}
 	c.mu.Lock()
 	c.writeJSONLocked(protocol.Welcome{
 		Type:                protocol.TypeWelcome,
@@ -205,6 +219,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		OfflineGraceMS:      s.cfg.Grace.Milliseconds(),
 	})
 	c.welcomed = true
+	c.welcomeStatusLocked(myStatusFrame(own[0].Status, own[0].Version))
 	c.mu.Unlock()
 	snap, members, err := s.snapshot(ctx, c.user, teams)
 	if errors.Is(err, store.ErrRecovering) {
@@ -509,6 +524,8 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 		if err != nil {
 			s.log.Warn("set status", "err", err)
 		}
+	case f.SetStatus != nil:
+		s.onSetStatus(c, f.SetStatus, now)
 	case f.Query != nil:
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -599,7 +616,7 @@ func (s *Server) answerQuery(ctx context.Context, c *client, q *protocol.Query) 
 			return
 		}
 		for j, p := range ps {
-			users[visibleAt[j]] = toUserPresence(p)
+			users[visibleAt[j]] = viewerPresence(p)
 		}
 	}
 	id := q.ID
@@ -731,21 +748,6 @@ func headerHas(h http.Header, name, token string) bool {
 		}
 	}
 	return false
-}
-
-func toUserPresence(p presence.Presence) protocol.UserPresence {
-	up := protocol.UserPresence{
-		UserID:          p.UserID,
-		State:           p.State.String(),
-		ConnectionCount: p.ConnectionCount,
-		Devices:         p.Devices,
-		Version:         p.Version,
-	}
-	if !p.LastSeen.IsZero() {
-		ms := p.LastSeen.UnixMilli()
-		up.LastSeen = &ms
-	}
-	return up
 }
 
 func sharesAny(a, b []string) bool {

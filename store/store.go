@@ -82,6 +82,22 @@ type Store interface {
 	Subscribe(h Handler)
 }
 
+// StatusStore is implemented by stores that hold users' status settings
+// (DESIGN.md Part 1b, "Status"); both stores do.
+type StatusStore interface {
+	// SetUserStatus replaces user's status whole; a status equal to the one
+	// held changes nothing. A status that breaks the rules is refused with
+	// an error wrapping presence.ErrBadStatus, and changes nothing.
+	SetUserStatus(ctx context.Context, user string, st presence.Status) error
+}
+
+// StatusHandler is implemented by handlers that deliver status changes to
+// the user's own connections (my_status). A store calls it, under the same
+// rules as Handler, for every status change, from every node.
+type StatusHandler interface {
+	OnStatus(ev presence.StatusChange)
+}
+
 // Closer is implemented by stores that hold resources.
 type Closer interface {
 	Close() error
@@ -119,6 +135,9 @@ type MembershipEvent struct {
 	UserTeams []string // the user's teams after the change
 	State     presence.State
 	Version   uint64 // the user's current presence version
+	// Presence is the user's whole presence read with the change, when the
+	// store has it (its text and emoji reach the new teammates); nil else.
+	Presence *presence.Presence
 }
 
 // Watcher is implemented by shared stores whose events about a team reach a
@@ -174,6 +193,7 @@ const (
 	OpConnect    = "connect"
 	OpHeartbeat  = "heartbeat"
 	OpStatus     = "status"
+	OpUserStatus = "user_status" // SetUserStatus
 	OpDisconnect = "disconnect"
 	OpSweep      = "sweep"
 	OpQuery      = "query"

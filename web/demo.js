@@ -31,7 +31,7 @@ $('name').value = me;
 $('idle-after').textContent = formatDuration(idleAfterMs);
 $('same').href = `/?${new URLSearchParams({ user: me })}`;
 
-/** user id → { state, version, lastSeen, devices, connectionCount } */
+/** user id → { state, version, lastSeen, devices, connectionCount, text, emoji, expiresAt } */
 const roster = new Map();
 let client = null;
 let everOpen = false;
@@ -85,7 +85,7 @@ function render() {
     if (!li) {
       li = document.createElement('li');
       li.dataset.user = id;
-      li.innerHTML = '<span class="dot" aria-hidden="true"></span><span class="name"></span><span class="detail"></span>';
+      li.innerHTML = '<span class="dot" aria-hidden="true"></span><span class="name"></span><span class="status"></span><span class="detail"></span>';
     }
     rows.delete(id);
     const state = id === me ? myState() : roster.get(id).state;
@@ -97,6 +97,8 @@ function render() {
       you.textContent = ' (you)';
       li.querySelector('.name').append(you);
     }
+    // textContent only: a status text is the user's, never markup.
+    li.querySelector('.status').textContent = statusLine(id);
     li.querySelector('.detail').textContent = detail(id, state);
     li.title = `${id}: ${state}`;
     if (ul.children[i] !== li) ul.insertBefore(li, ul.children[i] ?? null);
@@ -108,7 +110,11 @@ function render() {
 
   const mine = myState();
   $('me').dataset.state = mine;
-  $('me-state').textContent = mine;
+  $('me-state').textContent = mine === 'invisible' ? 'invisible (offline to others)' : mine;
+  const my = client?.myStatus;
+  const line = my ? [my.emoji, my.text].filter(Boolean).join(' ') + (my.expiresAt ? ` · until ${clock(my.expiresAt)}` : '') : '';
+  $('my-status').textContent = line;
+  $('my-status').hidden = !line;
   const awayBtn = $('away');
   const manualAway = client?.status === 'away' && awayBtn.dataset.manual === 'away';
   awayBtn.setAttribute('aria-pressed', String(manualAway));
@@ -117,7 +123,27 @@ function render() {
 
 function myState() {
   if (!client || client.state !== 'open') return 'offline';
+  const mode = client.myStatus?.mode;
+  if (mode === 'invisible') return 'invisible';
+  if (mode === 'dnd') return 'dnd';
   return client.status;
+}
+
+/** The status text and emoji shown for id, with when it ends. */
+function statusLine(id) {
+  let s = roster.get(id);
+  if (id === me) {
+    const my = client?.myStatus;
+    s = my && my.mode !== 'invisible' ? my : null;
+  }
+  if (!s) return '';
+  const line = [s.emoji, s.text].filter(Boolean).join(' ');
+  if (!line) return '';
+  return s.expiresAt ? `${line} (until ${clock(s.expiresAt)})` : line;
+}
+
+function clock(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
 }
 
 function detail(id, state) {
@@ -152,12 +178,19 @@ function formatDuration(ms) {
  * Applies a state with its version; a version not newer than the one held is
  * dropped. Returns whether the page now holds that version.
  */
-function applyState(id, state, version) {
+function applyState(id, state, version, u) {
   const e = entry(id);
   if (version !== undefined && e.version && version <= e.version) return version === e.version;
   e.state = state;
   if (version !== undefined) e.version = version;
+  if (u) setShown(e, u.text, u.emoji, u.expires_at ?? u.expiresAt);
   return true;
+}
+
+function setShown(e, text, emoji, expiresAt) {
+  e.text = text ?? null;
+  e.emoji = emoji ?? null;
+  e.expiresAt = expiresAt ?? null;
 }
 
 let queryTimer = null;
@@ -178,6 +211,7 @@ function refreshDetails(delay = 300) {
         const e = entry(u.userId);
         e.lastSeen = u.lastSeen;
         e.devices = u.devices ?? [];
+        if (u.userId !== me && u.version !== undefined && u.version >= e.version) setShown(e, u.text, u.emoji, u.expiresAt);
         e.connectionCount = u.connectionCount ?? 0;
       }
       render();
@@ -191,10 +225,10 @@ function refreshDetails(delay = 300) {
 async function loadTeam() {
   try {
     const team = await api('GET', `/v1/teams/${encodeURIComponent(TEAM)}/presence`);
-    for (const u of team.online ?? []) if (u.user_id !== me) applyState(u.user_id, u.state, u.version);
+    for (const u of team.online ?? []) if (u.user_id !== me) applyState(u.user_id, u.state, u.version, u);
     for (const u of team.offline ?? []) {
       // An answer older than a change the page already holds is dropped.
-      if (u.user_id !== me && applyState(u.user_id, 'offline', u.version)) entry(u.user_id).lastSeen = u.last_seen;
+      if (u.user_id !== me && applyState(u.user_id, 'offline', u.version, u)) entry(u.user_id).lastSeen = u.last_seen;
     }
   } catch (err) {
     // With --api-key the route is closed to the page: the client's snapshot
@@ -240,12 +274,46 @@ async function start() {
       // no longer held (version 0 here): a restarted server's versions start again.
       e.state = c.state;
       e.version = client.get(c.userId)?.version ?? 0;
+      setShown(e, c.text, c.emoji, c.expiresAt);
       if (c.state === 'offline') e.lastSeen = c.at; // until the query brings the server's last_seen
     }
     render();
     refreshDetails();
   });
-  client.onError((err) => console.warn('greendot demo:', err.code, err.message));
+  client.onError((err) => {
+    console.warn('greendot demo:', err.code, err.message);
+    if (err.code === 'bad_request') showProblem(`The server refused that: ${err.message}`);
+  });
+  client.onMyStatus((s) => {
+    // Another device (or the expiry) may have changed it: the form follows.
+    $('mode').value = s.mode;
+    $('text').value = s.text;
+    $('emoji').value = s.emoji;
+    render();
+  });
+
+  $('status').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const until = Number($('until').value);
+    try {
+      showProblem('');
+      client.setStatus({
+        mode: $('mode').value,
+        text: $('text').value.trim(),
+        emoji: $('emoji').value.trim(),
+        expiresAt: until > 0 ? Date.now() + until : null,
+      });
+    } catch (err) {
+      showProblem(err.message);
+    }
+  });
+  $('clear-status').addEventListener('click', () => {
+    $('mode').value = 'auto';
+    $('text').value = '';
+    $('emoji').value = '';
+    $('until').value = '';
+    client.setStatus({ mode: 'auto' });
+  });
 
   $('away').addEventListener('click', () => {
     const btn = $('away');

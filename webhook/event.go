@@ -32,6 +32,8 @@ type Event struct {
 	At       time.Time // when the change was published
 	LastSeen time.Time // zero unless State is offline
 	Teams    []string  // sorted
+	Text     string    // the status text and emoji shown, when set
+	Emoji    string
 
 	// Epoch tells apart the events of stores whose versions may repeat
 	// (the memory store restarts at 1): it is part of the id.
@@ -59,7 +61,7 @@ func (e *Event) ID() string {
 func FromChange(c presence.Change, teams []string, epoch string) *Event {
 	return &Event{
 		UserID: c.UserID, State: c.State, Previous: c.Previous, Version: c.Version,
-		At: c.At, LastSeen: c.LastSeen, Teams: teams, Epoch: epoch,
+		At: c.At, LastSeen: c.LastSeen, Teams: teams, Text: c.Text, Emoji: c.Emoji, Epoch: epoch,
 	}
 }
 
@@ -78,6 +80,8 @@ type data struct {
 	At            int64    `json:"at"`
 	LastSeen      *int64   `json:"last_seen"`
 	Teams         []string `json:"teams"`
+	Text          string   `json:"text,omitempty"`
+	Emoji         string   `json:"emoji,omitempty"`
 }
 
 // Type is the event type of every webhook greendot sends.
@@ -88,7 +92,7 @@ const Type = "presence.changed"
 func (e *Event) Body() []byte {
 	d := data{
 		UserID: e.UserID, State: e.State.String(), PreviousState: e.Previous.String(),
-		Version: e.Version, At: e.At.UnixMilli(), Teams: e.Teams,
+		Version: e.Version, At: e.At.UnixMilli(), Teams: e.Teams, Text: e.Text, Emoji: e.Emoji,
 	}
 	if d.Teams == nil {
 		d.Teams = []string{}

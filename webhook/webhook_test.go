@@ -190,6 +190,55 @@ func TestOneWebhookPerTransition(t *testing.T) {
 	}
 }
 
+// A status is what viewers see: dnd is a state, a text or emoji change
+// alone is an event of its own, and invisible is offline (last seen the
+// moment of going invisible), back to the real state after it.
+func TestWebhooksFollowTheStatus(t *testing.T) {
+	r := newRig(t, 100, nil)
+	ctx := context.Background()
+	if err := r.st.AddMember(ctx, "t1", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	r.conn(t, "c1", "alice")
+	set := func(st presence.Status) {
+		t.Helper()
+		if err := r.st.SetUserStatus(ctx, "alice", st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(presence.Status{Mode: presence.ModeDND, Text: "In a meeting", Emoji: "📅"})
+	set(presence.Status{Mode: presence.ModeDND, Text: "Focus", Emoji: "📅"})
+	set(presence.Status{Mode: presence.ModeDND, Text: "Focus", Emoji: "📅"}) // the same: nothing
+	hiddenAt := r.clock.now()
+	set(presence.Status{Mode: presence.ModeInvisible})
+	set(presence.Status{Mode: presence.ModeAuto})
+	got := r.waitDelivered(t, 5)
+	r.recv.Check(t)
+	var b []string
+	for _, h := range got {
+		b = append(b, fmt.Sprintf("%s->%s %q %q", h.Data.PreviousState, h.Data.State, h.Data.Text, h.Data.Emoji))
+	}
+	want := []string{
+		`offline->online "" ""`,
+		`online->dnd "In a meeting" "📅"`,
+		`dnd->dnd "Focus" "📅"`,
+		`dnd->offline "" ""`,
+		`offline->online "" ""`,
+	}
+	if strings.Join(b, "; ") != strings.Join(want, "; ") {
+		t.Fatalf("webhooks:\n%s\nwant:\n%s", strings.Join(b, "\n"), strings.Join(want, "\n"))
+	}
+	if n := len(r.recv.All()); n != 5 {
+		t.Fatalf("%d requests, want 5: a status written again sent one", n)
+	}
+	if ls := got[3].Data.LastSeen; ls == nil || *ls != hiddenAt.UnixMilli() {
+		t.Fatalf("going invisible: last_seen %v, want the moment %d", ls, hiddenAt.UnixMilli())
+	}
+	if strings.Contains(got[0].Body, `"text"`) {
+		t.Fatalf("a body without a status text carries one: %s", got[0].Body)
+	}
+}
+
 // A failing receiver is retried, with the same webhook-id and body, after
 // a non-2xx and after a timeout, until it answers 2xx.
 func TestRetriesKeepTheID(t *testing.T) {

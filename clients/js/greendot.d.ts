@@ -1,7 +1,34 @@
-// Type declarations for greendot.js, the JavaScript client of greendot (protocol v1).
+// Type declarations for greendot.js, the JavaScript client of greendot (protocol v1, with the
+// v2 status: dnd, invisible, text and emoji with an expiry).
 
-/** A presence state as the server reports it. */
-export type PresenceState = 'online' | 'away' | 'offline';
+/** A presence state as the server reports it ('dnd' from a v2 server). */
+export type PresenceState = 'online' | 'away' | 'dnd' | 'offline';
+
+/** The user-level status mode (v2): every device of the user. */
+export type StatusMode = 'auto' | 'dnd' | 'invisible';
+
+/** The user's status, as setStatus takes it. */
+export interface UserStatusInput {
+  mode: StatusMode;
+  /** At most 100 characters of printable text. */
+  text?: string;
+  /** At most 32 bytes. */
+  emoji?: string;
+  /** Unix ms or a Date, in the future; null or absent for no expiry. */
+  expiresAt?: number | Date | null;
+}
+
+/** The user's status as the server tells it (my_status). */
+export interface MyStatus {
+  mode: StatusMode;
+  /** '' when unset. */
+  text: string;
+  emoji: string;
+  /** Unix ms, or null. */
+  expiresAt: number | null;
+  /** The user's version at the change; older ones are dropped. */
+  version: number;
+}
 
 /** What a device can say about itself. */
 export type Status = 'online' | 'away';
@@ -94,6 +121,14 @@ export interface Presence {
   version: number;
   /** Unix ms of the change (or when this client learnt it, for snapshot entries). */
   at: number;
+  /** The status text and emoji shown, and when they end (v2); null when unset or invisible. */
+  text: string | null;
+  emoji: string | null;
+  expiresAt: number | null;
+  /** Unix ms the user entered this state (v2); null from a v1 server. */
+  since: number | null;
+  /** Offline entries of a v2 server: when the user was last seen. */
+  lastSeen?: number | null;
 }
 
 /** An applied change, as given to onChange listeners. */
@@ -111,6 +146,11 @@ export interface UserPresence {
   /** Unix ms the user was last known live; null for a user never seen. */
   lastSeen?: number | null;
   version?: number;
+  /** v2, absent for 'unknown'. */
+  text?: string | null;
+  emoji?: string | null;
+  expiresAt?: number | null;
+  since?: number | null;
 }
 
 export interface StateInfo {
@@ -153,7 +193,13 @@ export declare class GreendotClient {
   onChange(cb: (changes: PresenceChange[]) => void): () => void;
   onState(cb: (state: ConnectionStateName, info: StateInfo) => void): () => void;
   onError(cb: (error: GreendotError) => void): () => void;
+  /** The user's status from the last my_status, or null until the server has told one. */
+  readonly myStatus: MyStatus | null;
+  onMyStatus(cb: (status: MyStatus) => void): () => void;
+  /** This device active or idle. */
   setStatus(state: Status): void;
+  /** The user's status on every device (v2): replaces the previous one whole. */
+  setStatus(status: UserStatusInput): void;
   query(userIds: string[]): Promise<UserPresence[]>;
 }
 

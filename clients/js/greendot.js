@@ -77,7 +77,7 @@ export class GreendotClient {
     this._idleAfterMs = o.idleAfterMs;
     this._idleOption = o.idle ?? 'auto';
 
-    this._listeners = { change: new Set(), state: new Set(), error: new Set() };
+    this._listeners = { change: new Set(), state: new Set(), error: new Set(), myStatus: new Set() };
     this._presence = new Map(); // user id → { userId, state, version, at }
     this._queries = new Map(); // query id → { frame, resolve, reject, timer }
     this._querySeq = 0;
@@ -103,6 +103,9 @@ export class GreendotClient {
     this._idle = false;
     this._sentStatus = 'online'; // what the server believes for this connection
     this._idleCleanup = null;
+
+    this._myStatus = null; // the user's status from the last my_status (v2)
+    this._pendingUserStatus = null; // a set_status asked for while not open
 
     this.userId = null;
     this.connectionId = null;
@@ -159,6 +162,16 @@ export class GreendotClient {
     return [...this._presence.values()].map((p) => ({ ...p }));
   }
 
+  /**
+   * The user's own status as the server last told it (my_status):
+   * { mode, text, emoji, expiresAt, version }, or null until it has (it does
+   * right after welcome only when the status is not the default).
+   */
+  get myStatus() { return this._myStatus && { ...this._myStatus }; }
+
+  /** cb(status) runs whenever the server tells the user's status. Returns an unsubscribe function. */
+  onMyStatus(cb) { return this._on('myStatus', cb); }
+
   /** cb(changes) runs with an array of applied changes. Returns an unsubscribe function. */
   onChange(cb) { return this._on('change', cb); }
 
@@ -168,13 +181,44 @@ export class GreendotClient {
   /** cb(error) runs on error frames from the server and on failed attempts. Returns an unsubscribe function. */
   onError(cb) { return this._on('error', cb); }
 
-  /** Marks this device active ('online') or idle ('away'); kept across reconnects. */
+  /**
+   * setStatus('online' | 'away') marks this device active or idle; kept across
+   * reconnects.
+   *
+   * setStatus({ mode, text, emoji, expiresAt }) sets the user's status (v2) on
+   * every device: mode 'auto' | 'dnd' | 'invisible', an optional text (at most
+   * 100 characters) and emoji (at most 32 bytes), and expiresAt (ms, or a
+   * Date, in the future) or null. It replaces the previous one whole. Every
+   * connection of the user then learns it (myStatus, onMyStatus); a refusal
+   * by the server comes as onError with code 'bad_request'. Sent at once when
+   * open, else with the next connection.
+   */
   setStatus(state) {
+    if (state !== null && typeof state === 'object') return this._setUserStatus(state);
     if (state !== 'online' && state !== 'away') {
       throw new RangeError(`greendot: status must be "online" or "away", not ${JSON.stringify(state)}`);
     }
     this._manualStatus = state;
     this._syncStatus();
+  }
+
+  _setUserStatus({ mode = 'auto', text = '', emoji = '', expiresAt = null } = {}) {
+    if (!['auto', 'dnd', 'invisible'].includes(mode)) {
+      throw new RangeError(`greendot: status mode must be "auto", "dnd" or "invisible", not ${JSON.stringify(mode)}`);
+    }
+    if (typeof text !== 'string' || typeof emoji !== 'string') throw new TypeError('greendot: status text and emoji must be strings');
+    if ([...text].length > 100) throw new RangeError('greendot: status text must be at most 100 characters');
+    if (new TextEncoder().encode(emoji).length > 32) throw new RangeError('greendot: status emoji must be at most 32 bytes');
+    const ms = expiresAt instanceof Date ? expiresAt.getTime() : expiresAt;
+    if (ms !== null && !(Number.isInteger(ms) && ms > Date.now())) {
+      throw new RangeError('greendot: status expiresAt must be a future time (ms or Date) or null');
+    }
+    const frame = { type: 'set_status', mode, text, emoji, expires_at: ms };
+    if (this._state === ConnectionState.OPEN && this._send(frame)) {
+      this._pendingUserStatus = null;
+      return;
+    }
+    this._pendingUserStatus = frame;
   }
 
   /**
@@ -259,6 +303,7 @@ export class GreendotClient {
       case 'reconnect': return this._onReconnectFrame(f);
       case 'error': return this._emitError({ code: f.code, message: f.message });
       case 'heartbeat_ack': return undefined;
+      case 'my_status': return this._onMyStatus(f);
       default: return undefined; // newer servers may add frame types
     }
   }
@@ -272,6 +317,7 @@ export class GreendotClient {
     this._sentStatus = 'online'; // a new connection starts active
     this._setState(ConnectionState.OPEN, { userId: this.userId, connectionId: this.connectionId });
     this._syncStatus();
+    if (this._pendingUserStatus && this._send(this._pendingUserStatus)) this._pendingUserStatus = null;
     for (const q of this._queries.values()) this._send(q.frame);
     this._scheduleHeartbeat();
   }
@@ -386,9 +432,9 @@ export class GreendotClient {
       if (!u || typeof u.user_id !== 'string') continue;
       seen.add(u.user_id);
       const prev = this._presence.get(u.user_id);
-      const next = { userId: u.user_id, state: u.state, version: u.version, at: prev?.state === u.state ? prev.at : now };
+      const next = { userId: u.user_id, state: u.state, version: u.version, at: prev?.state === u.state ? prev.at : now, ...shown(u) };
       this._presence.set(u.user_id, next);
-      if (!prev || prev.state !== u.state) changes.push({ ...next, previous: prev?.state ?? null });
+      if (!prev || !sameLook(prev, next)) changes.push({ ...next, previous: prev?.state ?? null });
     }
     // A snapshot replaces: whoever it leaves out is offline. Their entries go, so
     // that versions restarting (a fresh single-node server) are accepted again.
@@ -406,11 +452,17 @@ export class GreendotClient {
       if (!c || typeof c.user_id !== 'string' || typeof c.version !== 'number') continue;
       const prev = this._presence.get(c.user_id);
       if (prev && !(c.version > prev.version)) continue; // not newer: drop
-      const next = { userId: c.user_id, state: c.state, version: c.version, at: c.at ?? Date.now() };
+      const next = { userId: c.user_id, state: c.state, version: c.version, at: c.at ?? Date.now(), ...shown(c) };
       this._presence.set(c.user_id, next);
       changes.push({ ...next, previous: prev?.state ?? null });
     }
     this._emitChanges(changes);
+  }
+
+  _onMyStatus(f) {
+    if (this._myStatus && !(f.version >= this._myStatus.version)) return; // older: drop
+    this._myStatus = { mode: f.mode, text: f.text ?? '', emoji: f.emoji ?? '', expiresAt: f.expires_at ?? null, version: f.version };
+    this._emit('myStatus', { ...this._myStatus });
   }
 
   _onQueryResult(f) {
@@ -527,7 +579,20 @@ function userPresence(u) {
   if (u.devices !== undefined) out.devices = u.devices;
   if (u.last_seen !== undefined) out.lastSeen = u.last_seen;
   if (u.version !== undefined) out.version = u.version;
+  if (u.state !== 'unknown') Object.assign(out, shown(u));
   return out;
+}
+
+// shown is the v2 status fields of an entry, camelCased: text, emoji and
+// expiresAt (null when unset), since and, for offline, lastSeen.
+function shown(u) {
+  const out = { text: u.text ?? null, emoji: u.emoji ?? null, expiresAt: u.expires_at ?? null, since: u.since ?? null };
+  if (u.state === 'offline' && u.last_seen !== undefined) out.lastSeen = u.last_seen;
+  return out;
+}
+
+function sameLook(a, b) {
+  return a.state === b.state && a.text === b.text && a.emoji === b.emoji && a.expiresAt === b.expiresAt;
 }
 
 // connectURL turns what the caller gave (nothing, a page origin, http(s) or

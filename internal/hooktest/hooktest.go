@@ -31,6 +31,8 @@ type Data struct {
 	At            int64    `json:"at"`
 	LastSeen      *int64   `json:"last_seen"`
 	Teams         []string `json:"teams"`
+	Text          string   `json:"text"`
+	Emoji         string   `json:"emoji"`
 }
 
 // Hook is one request received.

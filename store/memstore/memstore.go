@@ -54,6 +54,7 @@ var (
 	_ store.Observable  = (*Store)(nil)
 	_ store.StateReader = (*Store)(nil)
 	_ store.Counter     = (*Store)(nil)
+	_ store.StatusStore = (*Store)(nil)
 )
 
 // New returns an empty Store.
@@ -116,6 +117,13 @@ func (s *Store) SetStatus(_ context.Context, connID string, active bool) error {
 	})
 }
 
+// SetUserStatus implements store.StatusStore.
+func (s *Store) SetUserStatus(_ context.Context, user string, st presence.Status) error {
+	return s.transition(store.OpUserStatus, func(now time.Time) (presence.Outcome, error) {
+		return s.tracker.SetUserStatus(now, user, st)
+	})
+}
+
 // Disconnect implements store.Tracker.
 func (s *Store) Disconnect(_ context.Context, connID string, cause presence.Cause) error {
 	return s.transition(store.OpDisconnect, func(now time.Time) (presence.Outcome, error) {
@@ -148,8 +156,7 @@ func (s *Store) States(_ context.Context, userIDs []string) ([]presence.Presence
 	defer s.mu.Unlock()
 	out := make([]presence.Presence, len(userIDs))
 	for i, id := range userIDs {
-		out[i].UserID = id
-		out[i].State, out[i].Version = s.tracker.State(id)
+		out[i] = s.tracker.Entry(id)
 	}
 	return out, nil
 }
@@ -226,7 +233,7 @@ func (s *Store) membership(team, user string, join bool) error {
 	ev := store.MembershipEvent{
 		Team: team, UserID: user, Joined: join,
 		UserTeams: sortedKeys(s.userOf[user]),
-		State:     p.State, Version: p.Version,
+		State:     p.State, Version: p.Version, Presence: &p,
 	}
 	s.emitMu.Lock()
 	s.mu.Unlock()
@@ -261,6 +268,13 @@ func (s *Store) transition(op string, apply func(now time.Time) (presence.Outcom
 		}
 	}
 	if s.handler != nil {
+		// A status change goes first: a device that learns of a presence
+		// change made by its own status already holds the status.
+		if sh, ok := s.handler.(store.StatusHandler); ok {
+			for _, st := range out.Statuses {
+				sh.OnStatus(st)
+			}
+		}
 		for _, ev := range events {
 			s.handler.OnPresence(ev)
 		}

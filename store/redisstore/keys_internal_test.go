@@ -64,6 +64,7 @@ func newKeyGuard(t *testing.T, r *redistest.Server, sc scripts) *keyGuard {
 		"connect": sc.connect, "heartbeat": sc.heartbeat, "status": sc.status, "disconnect": sc.disconnect,
 		"sweep": sc.sweep, "beat": sc.beat, "presence": sc.presence, "reconcile": sc.reconcile,
 		"floor": sc.floor, "forget": sc.forget, "member_user": sc.memberUser, "member_team": sc.memberTeam,
+		"user_status": sc.userStatus,
 	} {
 		g.names[s.Hash()] = name
 	}

@@ -7,7 +7,12 @@ package redisstore
 // devices and last_seen, the changes each published in the step (as
 // user=state sequences; versions compared by order, strictly increasing
 // per user in both, not by value), what Pub/Sub delivered, team
-// membership and membership events.
+// membership and membership events. User statuses (SetUserStatus, and
+// their expiry by the sweeps) are driven alike: what viewers see is
+// compared by state, text, emoji and whether an expiry and a last seen are
+// shown; the status changes each store reported by mode, text, emoji and
+// expiry; every user's version is the last of its changes and status
+// changes.
 //
 // Time. The memory store runs on an injected clock that the test sets to
 // the wall clock before each of its calls; the Redis store runs on Redis's
@@ -144,6 +149,19 @@ type modelEvents struct {
 	outcomes []presence.Change
 	expired  []string
 	via      string // record only copies that came on this team's channel
+	// status changes: reported by the scripts (Redis), or emitted (memory)
+	statuses []presence.StatusChange
+}
+
+// OnStatus records the memory store's status changes (store.StatusHandler);
+// the Redis stores' are read from their outcomes.
+func (e *modelEvents) OnStatus(ev presence.StatusChange) {
+	if e.via != "" {
+		return
+	}
+	e.mu.Lock()
+	e.statuses = append(e.statuses, ev)
+	e.mu.Unlock()
 }
 
 func (e *modelEvents) OnPresence(ev store.PresenceEvent) {
@@ -167,6 +185,9 @@ func (e *modelEvents) OnMembership(ev store.MembershipEvent) {
 func (e *modelEvents) ObserveOutcome(_ string, out presence.Outcome, _ time.Duration) {
 	e.mu.Lock()
 	e.outcomes = append(e.outcomes, out.Changes...)
+	if e.via != "" {
+		e.statuses = append(e.statuses, out.Statuses...)
+	}
 	for _, c := range out.Expired {
 		e.expired = append(e.expired, c.ID)
 	}
@@ -189,16 +210,19 @@ type model struct {
 	graces map[string]modelWindow
 	// versions published so far per user, in order, by each store
 	memVersions, redVersions map[string][]uint64
-	memSeen, redSeen         int // published changes already compared
-	redDelivered             int // Pub/Sub deliveries already compared
-	memMembers, redMembers   int
-	step                     string
+	// the last version of each user's changes and status changes together
+	memLast, redLast       map[string]uint64
+	memSeen, redSeen       int // published changes already compared
+	redDelivered           int // Pub/Sub deliveries already compared
+	memMembers, redMembers int
+	step                   string
 }
 
 func runModel(t *rapid.T, url string) {
 	m := &model{t: t, ctx: context.Background(), graces: map[string]modelWindow{},
 		nodes: map[string]*Store{}, redEv: map[string]*modelEvents{},
-		memVersions: map[string][]uint64{}, redVersions: map[string][]uint64{}}
+		memVersions: map[string][]uint64{}, redVersions: map[string][]uint64{},
+		memLast: map[string]uint64{}, redLast: map[string]uint64{}}
 	var err error
 	m.memNow = time.Now()
 	m.memEv = &modelEvents{}
@@ -246,6 +270,7 @@ func runModel(t *rapid.T, url string) {
 		"advance":    m.advance,
 		"loseNodeB":  m.loseNodeB,
 		"membership": m.membership,
+		"userStatus": m.userStatus,
 		"":           m.check,
 	})
 	// Whatever is still due: graces end, and nothing more may differ.
@@ -480,7 +505,7 @@ func (m *model) lossOrders(user string, lost []string) []lossOrder {
 	var out []lossOrder
 	for _, perm := range permutations(lost) {
 		tr := presence.NewTracker(presence.Config{TTL: time.Hour, Grace: time.Hour})
-		now := time.Unix(1, 0)
+		now := time.Now()
 		for _, c := range m.conns {
 			if c.live && c.user == user {
 				_, _ = tr.Connect(now, presence.Conn{ID: c.id, UserID: user, Device: c.device, Node: c.node})
@@ -488,6 +513,15 @@ func (m *model) lossOrders(user string, lost []string) []lossOrder {
 					_, _ = tr.SetStatus(now, c.id, false)
 				}
 			}
+		}
+		// The user's status shapes what is published (dnd, invisible); its
+		// expiry does not.
+		ps, err := m.mem.Presence(m.ctx, []string{user})
+		m.must(err)
+		st := ps[0].Status
+		st.ExpiresAt = time.Time{}
+		if _, err := tr.SetUserStatus(now, user, st); err != nil {
+			m.t.Fatal(err)
 		}
 		var states []string
 		for _, id := range perm {
@@ -671,9 +705,69 @@ func (m *model) membership(t *rapid.T) {
 	}
 }
 
+// userStatus sets a user's status through either node, sometimes with an
+// expiry soon: the sweeps then reset it, away from which they are kept as
+// from grace ends.
+func (m *model) userStatus(t *rapid.T) {
+	user := rapid.SampledFrom(modelUsers).Draw(t, "user")
+	mode := rapid.SampledFrom([]presence.Mode{presence.ModeAuto, presence.ModeDND, presence.ModeInvisible}).Draw(t, "mode")
+	text := rapid.SampledFrom([]string{"", "", "busy", "📅 in a meeting"}).Draw(t, "text")
+	emoji := rapid.SampledFrom([]string{"", "🌴"}).Draw(t, "emoji")
+	in := rapid.SampledFrom([]time.Duration{0, 0, 200 * time.Millisecond, 2 * modelGrace}).Draw(t, "expires in")
+	node := "a"
+	if !m.lostB && rapid.Bool().Draw(t, "through b") {
+		node = "b"
+	}
+	st := presence.Status{Mode: mode, Text: text, Emoji: emoji}
+	if in > 0 {
+		st.ExpiresAt = time.UnixMilli(time.Now().Add(in).UnixMilli())
+		m.graces["status:"+user] = modelWindow{st.ExpiresAt, st.ExpiresAt}
+	}
+	m.setStep(fmt.Sprintf("status of %s: %v %q %q expires in %v, through %s", user, mode, text, emoji, in, node))
+	s := m.nodes[node]
+	m.do(func() error { return m.mem.SetUserStatus(m.ctx, user, st) }, func() error { return s.SetUserStatus(m.ctx, user, st) })
+}
+
+// lookOf is what the model compares of what viewers see: times differ
+// between the stores by a few ms, so only whether they are shown.
+func lookOf(c presence.Change) string {
+	return fmt.Sprintf("%v[%s|%s|exp=%v|seen=%v]", c.State, c.Text, c.Emoji, !c.ExpiresAt.IsZero(), !c.LastSeen.IsZero())
+}
+
+func statusesPerUser(sts []presence.StatusChange) map[string]string {
+	out := map[string]string{}
+	for _, s := range sts {
+		out[s.UserID] = strings.TrimPrefix(fmt.Sprintf("%s %v[%s|%s|%d]", out[s.UserID], s.Status.Mode, s.Status.Text,
+			s.Status.Emoji, s.Status.ExpiresAt.UnixMilli()), " ")
+	}
+	return out
+}
+
 // check compares the stores after every step.
 func (m *model) check(t *rapid.T) {
 	t.Helper()
+	// Status changes of this step.
+	m.memEv.mu.Lock()
+	memSt := m.memEv.statuses
+	m.memEv.statuses = nil
+	m.memEv.mu.Unlock()
+	var redSt []presence.StatusChange
+	for _, node := range []string{"a", "b"} {
+		ev := m.redEv[node]
+		ev.mu.Lock()
+		redSt = append(redSt, ev.statuses...)
+		ev.statuses = nil
+		ev.mu.Unlock()
+	}
+	if a, b := statusesPerUser(memSt), statusesPerUser(redSt); !maps2Equal(a, b) {
+		t.Fatalf("DISAGREE after %s: memory store changed statuses %v, Redis store %v", m.step, a, b)
+	}
+	for _, s := range memSt {
+		m.memLast[s.UserID] = max(m.memLast[s.UserID], s.Version)
+	}
+	for _, s := range redSt {
+		m.redLast[s.UserID] = max(m.redLast[s.UserID], s.Version)
+	}
 	// Changes published in this step, per user, in order.
 	m.memEv.mu.Lock()
 	var memNew []presence.Change
@@ -705,6 +799,12 @@ func (m *model) check(t *rapid.T) {
 			pair.versions[c.UserID] = append(vs, c.Version)
 		}
 	}
+	for _, c := range memNew {
+		m.memLast[c.UserID] = max(m.memLast[c.UserID], c.Version)
+	}
+	for _, c := range redNew {
+		m.redLast[c.UserID] = max(m.redLast[c.UserID], c.Version)
+	}
 
 	// Presence.
 	mp, err := m.mem.Presence(m.ctx, modelUsers)
@@ -717,9 +817,17 @@ func (m *model) check(t *rapid.T) {
 			t.Fatalf("DISAGREE after %s: %s is %v/%d conns/%v in memory, %v/%d conns/%v in Redis",
 				m.step, u, a.State, a.ConnectionCount, a.Devices, b.State, b.ConnectionCount, b.Devices)
 		}
-		if a.Version != last(m.memVersions[u]) || b.Version != last(m.redVersions[u]) {
+		if a.Version != m.memLast[u] || b.Version != m.redLast[u] {
 			t.Fatalf("after %s: %s's version is not its last change's: memory v%d (changes %v), Redis v%d (changes %v)",
 				m.step, u, a.Version, m.memVersions[u], b.Version, m.redVersions[u])
+		}
+		if !a.Status.Equal(b.Status) || a.Actual != b.Actual {
+			t.Fatalf("DISAGREE after %s: %s's status %+v (truth %v) in memory, %+v (truth %v) in Redis",
+				m.step, u, a.Status, a.Actual, b.Status, b.Actual)
+		}
+		if la, lb := a.Look(), b.Look(); la.State != lb.State || la.Text != lb.Text || la.Emoji != lb.Emoji ||
+			la.ExpiresAt != lb.ExpiresAt || (la.LastSeen == 0) != (lb.LastSeen == 0) || a.Since.IsZero() != b.Since.IsZero() {
+			t.Fatalf("DISAGREE after %s: viewers see %s as %+v in memory, %+v in Redis", m.step, u, la, lb)
 		}
 		if a.LastSeen.IsZero() != b.LastSeen.IsZero() || a.LastSeen.Sub(b.LastSeen).Abs() > modelSeenTolerance {
 			t.Fatalf("DISAGREE after %s: %s last seen %v in memory, %v in Redis", m.step, u,
@@ -836,7 +944,7 @@ func describe(evs []store.MembershipEvent, versions map[string][]uint64) []strin
 func perUser(cs []presence.Change) map[string]string {
 	out := map[string]string{}
 	for _, c := range cs {
-		out[c.UserID] = strings.TrimPrefix(out[c.UserID]+" "+c.State.String(), " ")
+		out[c.UserID] = strings.TrimPrefix(out[c.UserID]+" "+lookOf(c), " ")
 	}
 	return out
 }

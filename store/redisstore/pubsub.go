@@ -266,6 +266,18 @@ func (sb *subscriber) dispatch(msg *redis.Message) {
 	if h == nil {
 		return
 	}
+	if msg.Channel == membershipChannel && strings.HasPrefix(msg.Payload, `{"k":"status"`) {
+		var m statusMsg
+		if err := json.Unmarshal([]byte(msg.Payload), &m); err != nil {
+			sb.s.log.Warn("bad status message", "err", err)
+			return
+		}
+		if sh, ok := h.(store.StatusHandler); ok {
+			sh.OnStatus(presence.StatusChange{UserID: m.User, Version: m.Version, Status: presence.Status{
+				Mode: presence.Mode(m.Mode), Text: m.Text, Emoji: m.Emoji, ExpiresAt: msTime(m.ExpiresAt)}})
+		}
+		return
+	}
 	if msg.Channel == membershipChannel {
 		var m membershipMsg
 		if err := json.Unmarshal([]byte(msg.Payload), &m); err != nil {
@@ -273,7 +285,7 @@ func (sb *subscriber) dispatch(msg *redis.Message) {
 			return
 		}
 		h.OnMembership(store.MembershipEvent{Team: m.Team, UserID: m.User, Joined: m.Joined,
-			UserTeams: m.Teams, State: presence.State(m.State), Version: m.Version})
+			UserTeams: m.Teams, State: presence.State(m.State), Version: m.Version, Presence: m.shownPresence()})
 		return
 	}
 	var m changeMsg
@@ -283,9 +295,10 @@ func (sb *subscriber) dispatch(msg *redis.Message) {
 	}
 	sb.s.m.pubsubLag.Observe(time.Since(time.UnixMilli(m.At)).Seconds())
 	h.OnPresence(store.PresenceEvent{
-		Change: presence.Change{UserID: m.User, State: presence.State(m.State), Version: m.Version, At: time.UnixMilli(m.At)},
-		Teams:  m.Teams,
-		Via:    teamOfChannel(msg.Channel),
+		Change: presence.Change{UserID: m.User, State: presence.State(m.State), Version: m.Version, At: time.UnixMilli(m.At),
+			Text: m.Text, Emoji: m.Emoji, ExpiresAt: msTime(m.ExpiresAt), Since: msTime(m.Since), LastSeen: msTime(m.LastSeen)},
+		Teams: m.Teams,
+		Via:   teamOfChannel(msg.Channel),
 	})
 }
 

@@ -129,11 +129,12 @@ type Store struct {
 }
 
 var (
-	_ store.Store      = (*Store)(nil)
-	_ store.Pinger     = (*Store)(nil)
-	_ store.Observable = (*Store)(nil)
-	_ store.Closer     = (*Store)(nil)
-	_ store.Watcher    = (*Store)(nil)
+	_ store.Store       = (*Store)(nil)
+	_ store.Pinger      = (*Store)(nil)
+	_ store.Observable  = (*Store)(nil)
+	_ store.Closer      = (*Store)(nil)
+	_ store.Watcher     = (*Store)(nil)
+	_ store.StatusStore = (*Store)(nil)
 )
 
 // New connects to Redis (detecting a cluster from the node given) and
@@ -434,6 +435,21 @@ func (s *Store) SetStatus(ctx context.Context, connID string, active bool) error
 	return s.apply(ctx, store.OpStatus, v, start)
 }
 
+// SetUserStatus implements store.StatusStore: one atomic script in the
+// user's shard (user_status.lua). The status is checked here, by this
+// node's clock; the expiry is then Redis's to keep (the shard's ST set).
+func (s *Store) SetUserStatus(ctx context.Context, user string, st presence.Status) error {
+	if err := st.Validate(time.Now()); err != nil {
+		return fmt.Errorf("redisstore: %w", err)
+	}
+	start := time.Now()
+	v, err := run(ctx, s.rdb, s.sc.userStatus, userKeys(user), user, int(st.Mode), st.Text, st.Emoji, unixMS(st.ExpiresAt))
+	if err != nil {
+		return s.failed(store.OpUserStatus, fmt.Errorf("redisstore: status: %w", scriptErr(err)))
+	}
+	return s.apply(ctx, store.OpUserStatus, v, start)
+}
+
 // Disconnect implements store.Tracker. The connection leaves this node's
 // books even if Redis is unreachable; reconciliation ends it there later.
 func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Cause) error {
@@ -649,6 +665,9 @@ func (s *Store) apply(ctx context.Context, op string, v any, start time.Time) er
 			delete(s.conns, c.ID)
 		}
 		s.mu.Unlock()
+	}
+	if len(out.Statuses) > 0 {
+		s.publishStatuses(ctx, out.Statuses)
 	}
 	if len(out.Changes) > 0 {
 		s.publishChanges(ctx, out)

@@ -25,6 +25,7 @@ type scripts struct {
 	connect, heartbeat, status, disconnect, sweep, beat, presence, reconcile *redis.Script
 	memberUser, memberTeam                                                   *redis.Script
 	floor                                                                    *redis.Script
+	userStatus                                                               *redis.Script // set_status
 
 	forget *redis.Script // not a transition: drops users offline for forget-after
 }
@@ -41,6 +42,7 @@ func loadScripts(whMax int) scripts {
 		connect: s("connect"), heartbeat: s("heartbeat"), status: s("status"),
 		disconnect: s("disconnect"), sweep: s("sweep"), beat: s("beat"),
 		presence: s("presence"), reconcile: s("reconcile"), floor: s("floor"),
+		userStatus: s("user_status"),
 		memberUser: redis.NewScript(mustRead("member_user")),
 		memberTeam: redis.NewScript(mustRead("member_team")),
 	}
@@ -58,11 +60,11 @@ func mustRead(name string) string {
 // membership ones takes them first (prelude.lua): deadlines, connection →
 // user, node liveness, grace ends, users not offline, last sweep, hold-off,
 // resync floor, offline users, emptied (a data loss's hold-off), webhook
-// stream. Read-only.
+// stream, status expiries. Read-only.
 var shardKeyNames = func() (k [numShards][]string) {
 	for sh := range k {
 		p := prefix(sh)
-		k[sh] = []string{p + "dl", p + "c", p + "nodes", p + "grace", p + "present", p + "ls", p + "ho", p + "fl", p + "off", p + "em", whKey(sh)}
+		k[sh] = []string{p + "dl", p + "c", p + "nodes", p + "grace", p + "present", p + "ls", p + "ho", p + "fl", p + "off", p + "em", whKey(sh), p + "st"}
 	}
 	return k
 }()
@@ -99,7 +101,7 @@ type outcome struct {
 func parseOutcome(v any) (outcome, error) {
 	var out outcome
 	r, ok := v.([]any)
-	if !ok || len(r) < 4 {
+	if !ok || len(r) < 5 {
 		return out, fmt.Errorf("redisstore: unexpected script reply %T", v)
 	}
 	out.GraceCancelled = int(toInt(r[0]))
@@ -112,26 +114,45 @@ func parseOutcome(v any) (outcome, error) {
 			out.ExpiryLag = append(out.ExpiryLag, time.Duration(toInt(lags[i]))*time.Millisecond)
 		}
 	}
-	for _, c := range r[4:] {
+	sts, _ := r[4].([]any)
+	for i, x := range sts {
+		if i == 0 {
+			out.StatusesExpired = int(toInt(x))
+			continue
+		}
+		st, ok := x.([]any)
+		if !ok || len(st) < 6 {
+			return out, fmt.Errorf("redisstore: unexpected status %v", x)
+		}
+		version, err := strconv.ParseUint(toString(st[5]), 10, 64)
+		if err != nil {
+			return out, fmt.Errorf("redisstore: bad version %v", st[5])
+		}
+		out.Statuses = append(out.Statuses, presence.StatusChange{UserID: toString(st[0]), Version: version,
+			Status: presence.Status{Mode: presence.Mode(toInt(st[1])), Text: toString(st[2]), Emoji: toString(st[3]),
+				ExpiresAt: msTime(toInt(st[4]))}})
+	}
+	for _, c := range r[5:] {
 		ch, ok := c.([]any)
-		if !ok || len(ch) < 7 {
+		if !ok || len(ch) < 11 {
 			return out, fmt.Errorf("redisstore: unexpected change %v", c)
 		}
 		version, err := strconv.ParseUint(toString(ch[2]), 10, 64)
 		if err != nil {
 			return out, fmt.Errorf("redisstore: bad version %v", ch[2])
 		}
-		c := presence.Change{
-			UserID:   toString(ch[0]),
-			State:    presence.State(toInt(ch[1])),
-			Version:  version,
-			At:       time.UnixMilli(toInt(ch[3])),
-			Previous: presence.State(toInt(ch[5])),
-		}
-		if seen := toInt(ch[6]); seen > 0 {
-			c.LastSeen = time.UnixMilli(seen)
-		}
-		out.Changes = append(out.Changes, c)
+		out.Changes = append(out.Changes, presence.Change{
+			UserID:    toString(ch[0]),
+			State:     presence.State(toInt(ch[1])),
+			Version:   version,
+			At:        time.UnixMilli(toInt(ch[3])),
+			Text:      toString(ch[5]),
+			Emoji:     toString(ch[6]),
+			ExpiresAt: msTime(toInt(ch[7])),
+			Since:     msTime(toInt(ch[8])),
+			LastSeen:  msTime(toInt(ch[9])),
+			Previous:  presence.State(toInt(ch[10])),
+		})
 		var teams []string
 		if ts, ok := ch[4].([]any); ok {
 			for _, t := range ts {
@@ -156,6 +177,14 @@ func scriptErr(err error) error {
 		return ErrDuplicateConn
 	}
 	return errors.Join(ErrUnavailable, err)
+}
+
+// msTime is Unix ms as a time; 0 is the zero time (none).
+func msTime(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
 }
 
 func toInt(v any) int64 {

@@ -49,7 +49,18 @@ func parsePresence(user string, v any) presence.Presence {
 	if seen := toInt(r[2]); seen > 0 {
 		p.LastSeen = time.UnixMilli(seen)
 	}
-	for _, e := range r[3:] {
+	if len(r) < 4 {
+		return p
+	}
+	if st, ok := r[3].([]any); ok && len(st) >= 8 {
+		p.Status = presence.Status{Mode: presence.Mode(toInt(st[0])), Text: toString(st[1]), Emoji: toString(st[2]),
+			ExpiresAt: msTime(toInt(st[3]))}
+		p.Since = msTime(toInt(st[4]))
+		p.ShownLastSeen = msTime(toInt(st[5]))
+		p.Actual = presence.State(toInt(st[6]))
+		p.ActualSince = msTime(toInt(st[7]))
+	}
+	for _, e := range r[4:] {
 		p.ConnectionCount++
 		device, _, _ := strings.Cut(toString(e), "\n")
 		if !contains(p.Devices, device) {
@@ -165,6 +176,21 @@ type membershipMsg struct {
 	// MV is the user's membership version when Teams was read: of two
 	// events about one membership, the one with the higher MV is the newer.
 	MV uint64 `json:"mv,omitempty"`
+	// What viewers see of the user beside the state (v2), so that new
+	// teammates get the status text too; ms.
+	Text      string `json:"tx,omitempty"`
+	Emoji     string `json:"em,omitempty"`
+	ExpiresAt int64  `json:"ex,omitempty"`
+	Since     int64  `json:"ss,omitempty"`
+	LastSeen  int64  `json:"ls,omitempty"`
+}
+
+// shownPresence is what viewers see of the user a membership message is
+// about, as a Presence whose Look is the message's.
+func (m membershipMsg) shownPresence() *presence.Presence {
+	return &presence.Presence{UserID: m.User, State: presence.State(m.State), Version: m.Version,
+		Since: msTime(m.Since), ShownLastSeen: msTime(m.LastSeen),
+		Status: presence.Status{Text: m.Text, Emoji: m.Emoji, ExpiresAt: msTime(m.ExpiresAt)}}
 }
 
 // membershipChannel is one sharded channel, so membership events reach every
@@ -189,8 +215,10 @@ func (s *Store) publishMembership(ctx context.Context, team, user string) error 
 		if ps, err = s.Presence(ctx, []string{user}); err != nil {
 			return err
 		}
+		l := ps[0].Look()
 		b, _ := json.Marshal(membershipMsg{Team: team, User: user, Joined: slices.Contains(teams, team),
-			Teams: teams, State: int(ps[0].State), Version: ps[0].Version, MV: mv})
+			Teams: teams, State: int(ps[0].State), Version: ps[0].Version, MV: mv,
+			Text: l.Text, Emoji: l.Emoji, ExpiresAt: l.ExpiresAt, Since: unixMS(ps[0].Since), LastSeen: l.LastSeen})
 		if err := s.rdb.SPublish(ctx, membershipChannel, b).Err(); err != nil {
 			return s.failed(store.OpMembership, fmt.Errorf("redisstore: publish membership: %w", errors.Join(ErrUnavailable, err)))
 		}
@@ -235,6 +263,24 @@ type changeMsg struct {
 	Version uint64   `json:"v"`
 	At      int64    `json:"at"`
 	Teams   []string `json:"teams"`
+	// What viewers see beside the state (v2), each only when set; ms.
+	Text      string `json:"tx,omitempty"`
+	Emoji     string `json:"em,omitempty"`
+	ExpiresAt int64  `json:"ex,omitempty"`
+	Since     int64  `json:"ss,omitempty"`
+	LastSeen  int64  `json:"ls,omitempty"`
+}
+
+// statusMsg is a status change, for the user's own connections wherever
+// they are: sent on the membership channel, which every node subscribes.
+type statusMsg struct {
+	Kind      string `json:"k"` // "status"
+	User      string `json:"user"`
+	Mode      int    `json:"m"`
+	Text      string `json:"tx,omitempty"`
+	Emoji     string `json:"em,omitempty"`
+	ExpiresAt int64  `json:"ex,omitempty"`
+	Version   uint64 `json:"v"`
 }
 
 // pubMsg is one message for one channel.
@@ -256,12 +302,33 @@ func (s *Store) publishChanges(ctx context.Context, out outcome) {
 		teams := out.teams[i]
 		sort.Strings(teams)
 		b, _ := json.Marshal(changeMsg{User: c.UserID, State: int(c.State), Version: c.Version,
-			At: c.At.UnixMilli(), Teams: teams})
+			At: c.At.UnixMilli(), Teams: teams, Text: c.Text, Emoji: c.Emoji, ExpiresAt: unixMS(c.ExpiresAt),
+			Since: unixMS(c.Since), LastSeen: unixMS(c.LastSeen)})
 		for _, t := range teams {
 			msgs = append(msgs, pubMsg{teamChannel(t), b})
 		}
 	}
 	s.publish(ctx, msgs)
+}
+
+// publishStatuses sends each status change to every node, for the user's
+// own connections. Published before the changes it caused, so a device
+// holds its status when it sees what viewers see of it.
+func (s *Store) publishStatuses(ctx context.Context, sts []presence.StatusChange) {
+	msgs := make([]pubMsg, 0, len(sts))
+	for _, st := range sts {
+		b, _ := json.Marshal(statusMsg{Kind: "status", User: st.UserID, Mode: int(st.Status.Mode), Text: st.Status.Text,
+			Emoji: st.Status.Emoji, ExpiresAt: unixMS(st.Status.ExpiresAt), Version: st.Version})
+		msgs = append(msgs, pubMsg{membershipChannel, b})
+	}
+	s.publish(ctx, msgs)
+}
+
+func unixMS(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
 }
 
 func (s *Store) publish(ctx context.Context, msgs []pubMsg) {
@@ -293,6 +360,26 @@ func (s *Store) publish(ctx context.Context, msgs []pubMsg) {
 // retryPublish sends the queued messages again.
 func (s *Store) retryPublish(ctx context.Context) {
 	s.publish(ctx, s.unpublished.take())
+}
+
+// parseShown reads a user's sv copy, "w:v:since:expires:lastseen\ntext\nemoji"
+// (show in prelude.lua), or "s:v" as written before the look existed, into
+// p: what viewers see, as a snapshot needs it.
+func parseShown(sv string, p *presence.Presence) bool {
+	head, rest, _ := strings.Cut(sv, "\n")
+	f := strings.Split(head, ":")
+	if len(f) < 2 {
+		return false
+	}
+	p.State = presence.State(toInt(f[0]))
+	p.Version, _ = strconv.ParseUint(f[1], 10, 64)
+	if len(f) >= 5 {
+		p.Since = msTime(toInt(f[2]))
+		p.Status.ExpiresAt = msTime(toInt(f[3]))
+		p.ShownLastSeen = msTime(toInt(f[4]))
+		p.Status.Text, p.Status.Emoji, _ = strings.Cut(rest, "\n")
+	}
+	return true
 }
 
 // States reads only the state and version of each user: what a snapshot
@@ -355,14 +442,9 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 	for _, r := range reads {
 		for k, v := range r.cmd.Val() {
 			sv, ok := v.(string)
-			st, ver, okParse := strings.Cut(sv, ":")
-			if !ok || !okParse {
+			if !ok || !parseShown(sv, &out[r.idx[k]]) {
 				missing = append(missing, r.idx[k])
-				continue
 			}
-			i := r.idx[k]
-			out[i].State = presence.State(toInt(st))
-			out[i].Version, _ = strconv.ParseUint(ver, 10, 64)
 		}
 	}
 	if len(missing) == 0 {
@@ -372,20 +454,28 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 	cmds := make([]*redis.SliceCmd, len(missing))
 	for k, i := range missing {
 		u := userIDs[i]
-		cmds[k] = pipe.HMGet(ctx, prefix(shardOf(u))+"u:"+u, "s", "v")
+		cmds[k] = pipe.HMGet(ctx, prefix(shardOf(u))+"u:"+u, "s", "v", "lk", "ss")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))
 	}
 	for k, c := range cmds {
 		vals := c.Val()
-		if len(vals) < 2 {
+		if len(vals) < 4 {
 			continue
 		}
 		i := missing[k]
 		out[i].State = presence.State(toInt(vals[0]))
 		if v, ok := vals[1].(string); ok {
 			out[i].Version, _ = strconv.ParseUint(v, 10, 64)
+		}
+		if lk, ok := vals[2].(string); ok {
+			// The look "w\ntext\nemoji\nexpires\nlastseen" as the copy holds it.
+			f := strings.SplitN(lk, "\n", 5)
+			if len(f) == 5 {
+				since, _ := vals[3].(string)
+				parseShown(f[0]+":"+strconv.FormatUint(out[i].Version, 10)+":"+since+":"+f[3]+":"+f[4]+"\n"+f[1]+"\n"+f[2], &out[i])
+			}
 		}
 	}
 	return out, nil

@@ -192,7 +192,7 @@ func parseWHEntry(m redis.XMessage) (*webhook.Event, error) {
 		return nil, err
 	}
 	ev := &webhook.Event{UserID: user, State: presence.State(st), Previous: presence.State(prev),
-		Version: v, At: time.UnixMilli(at)}
+		Version: v, At: time.UnixMilli(at), Text: str("tx"), Emoji: str("em")}
 	if seen, err := num("seen"); err == nil && seen > 0 {
 		ev.LastSeen = time.UnixMilli(seen)
 	}

@@ -231,3 +231,49 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// On Redis too, a webhook is what viewers see: dnd, the status text and
+// emoji (a change of text alone is an event), invisible as offline.
+func TestWebhooksFollowTheStatus(t *testing.T) {
+	r := redistest.Start(t)
+	recv := hooktest.Start(t)
+	n := startWHNode(t, r.URL(), "a", recv.URL())
+	ctx := context.Background()
+	must(t, n.st.AddMember(ctx, "t1", "alice"))
+	must(t, n.st.Connect(ctx, presence.Conn{ID: "c1", UserID: "alice", Device: "web"}))
+	for _, st := range []presence.Status{
+		{Mode: presence.ModeDND, Text: "In a meeting", Emoji: "📅"},
+		{Mode: presence.ModeDND, Text: "Focus", Emoji: "📅"},
+		{Mode: presence.ModeDND, Text: "Focus", Emoji: "📅"}, // the same: nothing
+		{Mode: presence.ModeInvisible},
+		{Mode: presence.ModeAuto},
+	} {
+		must(t, n.st.SetUserStatus(ctx, "alice", st))
+	}
+	want := []string{
+		`offline->online "" ""`,
+		`online->dnd "In a meeting" "📅"`,
+		`dnd->dnd "Focus" "📅"`,
+		`dnd->offline "" ""`,
+		`offline->online "" ""`,
+	}
+	var got []string
+	testwait.For(t, 10*time.Second, func() error {
+		got = got[:0]
+		hs := recv.Delivered()
+		sort.Slice(hs, func(i, j int) bool { return hs[i].Data.Version < hs[j].Data.Version })
+		for _, h := range hs {
+			got = append(got, fmt.Sprintf("%s->%s %q %q", h.Data.PreviousState, h.Data.State, h.Data.Text, h.Data.Emoji))
+		}
+		if strings.Join(got, "; ") != strings.Join(want, "; ") {
+			return fmt.Errorf("webhooks %q, want %q", got, want)
+		}
+		return nil
+	})
+	recv.Check(t)
+	hs := recv.Delivered()
+	sort.Slice(hs, func(i, j int) bool { return hs[i].Data.Version < hs[j].Data.Version })
+	if hs[3].Data.LastSeen == nil {
+		t.Fatal("going invisible sent offline without last_seen")
+	}
+}

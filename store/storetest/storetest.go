@@ -63,6 +63,8 @@ func Run(t *testing.T, newStore NewStore) {
 		{"ConcurrentMembership", testConcurrentMembership},
 		{"ChangeCarriesTeams", testChangeCarriesTeams},
 		{"VersionsIncrease", testVersionsIncrease},
+		{"UserStatus", testUserStatus},
+		{"StatusOfAnOfflineUser", testStatusOfAnOfflineUser},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -101,6 +103,47 @@ type harness struct {
 	changes     []presence.Change
 	teamsOf     map[string][]string // teams carried by the last change of each user
 	memberships []store.MembershipEvent
+	statuses    []presence.StatusChange
+}
+
+// OnStatus implements store.StatusHandler.
+func (h *harness) OnStatus(ev presence.StatusChange) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.statuses = append(h.statuses, ev)
+}
+
+func (h *harness) setUserStatus(user string, st presence.Status) {
+	h.t.Helper()
+	ss, ok := h.s.(store.StatusStore)
+	if !ok {
+		h.t.Fatal("the store does not hold statuses (store.StatusStore)")
+	}
+	mustDo(h.t, ss.SetUserStatus(h.ctx, user, st))
+}
+
+// expectStatuses waits (sweeping) until the status changes received are
+// want, as "user=mode:text".
+func (h *harness) expectStatuses(within time.Duration, want ...string) []presence.StatusChange {
+	h.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		h.sweep()
+		h.mu.Lock()
+		got := make([]string, 0, len(h.statuses))
+		for _, s := range h.statuses {
+			got = append(got, s.UserID+"="+s.Status.Mode.String()+":"+s.Status.Text)
+		}
+		sts := slices.Clone(h.statuses)
+		h.mu.Unlock()
+		if slices.Equal(got, want) {
+			return sts
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("status changes = %v, want %v", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func (h *harness) OnPresence(ev store.PresenceEvent) {
@@ -526,6 +569,69 @@ func testForgottenAfterForgetAfter(t *testing.T, h *harness) {
 }
 
 // lastVersion is the version of the last change recorded for user.
+// A status: dnd with a text, shown at once, reported to the user's own
+// connections, written again to no effect, and ended by a sweep at its
+// expiry, once; bad ones refused.
+func testUserStatus(t *testing.T, h *harness) {
+	h.connect("c1", "bob", "web")
+	h.expectHistory(time.Second, "bob=online")
+	until := time.UnixMilli(time.Now().Add(4 * Grace).UnixMilli())
+	st := presence.Status{Mode: presence.ModeDND, Text: "focus", Emoji: "🎧", ExpiresAt: until}
+	h.setUserStatus("bob", st)
+	h.expectHistory(time.Second, "bob=online", "bob=dnd")
+	sts := h.expectStatuses(time.Second, "bob=dnd:focus")
+	h.mu.Lock()
+	c := h.changes[1]
+	h.mu.Unlock()
+	if c.Text != "focus" || c.Emoji != "🎧" || !c.ExpiresAt.Equal(until) || c.Version != sts[0].Version || c.Since.IsZero() {
+		t.Fatalf("dnd change = %+v, status %+v", c, sts[0])
+	}
+	h.setUserStatus("bob", st) // the same: nothing
+	p := h.presence("bob")
+	if p.State != presence.DND || p.Actual != presence.DND || !p.Status.Equal(st) || p.Version != c.Version {
+		t.Fatalf("presence = %+v, want dnd at v%d", p, c.Version)
+	}
+	if ss := h.s.(store.StatusStore); !errors.Is(ss.SetUserStatus(h.ctx, "bob", presence.Status{Text: string([]byte{0xff})}), presence.ErrBadStatus) {
+		t.Fatal("a status with invalid UTF-8 was not refused with ErrBadStatus")
+	}
+	// Kept alive (a memory store expires silent connections itself) until
+	// the expiry has been published.
+	for end := until.Add(time.Second); len(h.history()) < 3 && time.Now().Before(end); {
+		mustDo(t, h.s.Heartbeat(h.ctx, "c1"))
+		h.sweepFor(50 * time.Millisecond)
+	}
+	h.expectHistory(0, "bob=online", "bob=dnd", "bob=online")
+	h.expectStatuses(time.Second, "bob=dnd:focus", "bob=auto:")
+	mustDo(t, h.s.Heartbeat(h.ctx, "c1"))
+	h.sweepFor(100 * time.Millisecond)
+	h.expectHistory(0, "bob=online", "bob=dnd", "bob=online")
+	if p := h.presence("bob"); !p.Status.IsZero() || p.Version != h.lastVersion("bob") {
+		t.Fatalf("after the expiry: %+v", p)
+	}
+}
+
+// An offline user's status: dnd changes nothing viewers see but takes a
+// version; invisible then a connection shows nothing; back to auto the
+// real state.
+func testStatusOfAnOfflineUser(t *testing.T, h *harness) {
+	mustDo(h.t, h.s.AddMember(h.ctx, Everyone, "bob"))
+	h.setUserStatus("bob", presence.Status{Mode: presence.ModeDND})
+	sts := h.expectStatuses(time.Second, "bob=dnd:")
+	if p := h.presence("bob"); p.State != presence.Offline || p.Version != sts[0].Version {
+		t.Fatalf("presence = %+v, want offline at the status's v%d", p, sts[0].Version)
+	}
+	h.setUserStatus("bob", presence.Status{Mode: presence.ModeInvisible})
+	h.connect("c1", "bob", "web")
+	h.sweepFor(50 * time.Millisecond)
+	h.expectHistory(0)
+	if p := h.presence("bob"); p.State != presence.Offline || p.Actual != presence.Online || p.ConnectionCount != 1 {
+		t.Fatalf("invisible: %+v", p)
+	}
+	h.setUserStatus("bob", presence.Status{})
+	h.expectHistory(time.Second, "bob=online")
+	h.expectStatuses(time.Second, "bob=dnd:", "bob=invisible:", "bob=auto:")
+}
+
 func (h *harness) lastVersion(user string) uint64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -13,7 +13,10 @@ import { startServer, waitFor } from './helpers.js';
 const CHROMIUM = process.env.GREENDOT_CHROMIUM || '/usr/bin/chromium';
 const ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
   '--disable-background-networking', '--disable-component-update', '--disable-sync'];
-const COLORS = { online: 'rgb(34, 197, 94)', away: 'rgb(234, 179, 8)', offline: 'rgb(156, 163, 175)' };
+const COLORS = {
+  online: 'rgb(34, 197, 94)', away: 'rgb(234, 179, 8)', offline: 'rgb(156, 163, 175)',
+  dnd: 'rgb(239, 68, 68)', invisible: 'rgba(0, 0, 0, 0)', // invisible: a hollow dot, on one's own row only
+};
 const shotDir = process.env.GREENDOT_SCREENSHOT_DIR || os.tmpdir();
 const NO_CHROMIUM = `no Chromium at ${CHROMIUM}: the browser test needs Debian's package, ` +
   'install it with `apt-get install -y chromium` (the tests never download a browser)';
@@ -62,6 +65,7 @@ describe('demo page in Chromium', { timeout: 120000 }, () => {
         state: li.dataset.state,
         color: getComputedStyle(li.querySelector('.dot')).backgroundColor,
         detail: li.querySelector('.detail').textContent,
+        status: li.querySelector('.status').textContent,
       };
     }, user);
   }
@@ -183,6 +187,36 @@ describe('demo page in Chromium', { timeout: 120000 }, () => {
     await dave.context().close();
     await expectDot(alice, 'dave', 'offline');
     assert.deepEqual(await order(alice), ['alice', 'bob', 'carol', 'dave', 'erin']);
+  });
+
+  test('a status: dnd is a red dot with the text and emoji on others’ pages; invisible is grey to them, hollow to oneself', async (t) => {
+    const bob = await openAs('bob');
+    await expectDot(alice, 'bob', 'online');
+    await bob.selectOption('#mode', 'dnd');
+    await bob.fill('#emoji', '📅');
+    await bob.fill('#text', 'In a meeting');
+    await bob.selectOption('#until', '3600000');
+    await bob.click('#set-status');
+    await expectDot(alice, 'bob', 'dnd');
+    await waitFor(async () => /^📅 In a meeting \(until .+\)$/.test((await row(alice, 'bob')).status),
+      { message: async () => `bob’s status text on alice’s page; row is ${JSON.stringify(await row(alice, 'bob'))}` });
+    await expectDot(bob, 'bob', 'dnd'); // his own row
+    await expectText(bob, '#my-status', /^📅 In a meeting · until /);
+    await screenshot(t, alice, 'bob-dnd');
+
+    await bob.selectOption('#mode', 'invisible');
+    await bob.click('#set-status');
+    await expectDot(alice, 'bob', 'offline');
+    assert.equal((await row(alice, 'bob')).status, '', 'no text while invisible');
+    await expectDot(bob, 'bob', 'invisible');
+    await expectDot(bob, 'alice', 'online'); // still sees the others
+    await screenshot(t, bob, 'bob-invisible');
+
+    await bob.click('#clear-status');
+    await expectDot(alice, 'bob', 'online');
+    await waitFor(async () => (await row(alice, 'bob')).status === '', { message: 'bob’s text gone' });
+    await bob.context().close();
+    await expectDot(alice, 'bob', 'offline');
   });
 
   test('“open another device as another user” opens a tab as someone else', async () => {

@@ -153,7 +153,7 @@ export function useTeam(teamId) {
 }
 
 /** Colours of the dot, the demo page's. */
-export const DOT_COLORS = Object.freeze({ online: '#22c55e', away: '#eab308', offline: '#9ca3af' });
+export const DOT_COLORS = Object.freeze({ online: '#22c55e', away: '#eab308', dnd: '#ef4444', offline: '#9ca3af' });
 
 /**
  * A round dot in the colour of userId's state, with an aria-label saying it

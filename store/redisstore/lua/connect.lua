@@ -1,12 +1,12 @@
--- KEYS: the shard's (prelude), the user's (KEYS[12] to KEYS[15]) and the
--- node's connection set, nc:<node> (KEYS[16]). ARGV: id, user, device, node,
+-- KEYS: the shard's (prelude), the user's (KEYS[13] to KEYS[16]) and the
+-- node's connection set, nc:<node> (KEYS[17]). ARGV: id, user, device, node,
 -- ttl ms, active (1/0), assert (1/0), seq (of the status write active is
 -- from; status.lua).
 -- With assert set, a connection the store already knows is refreshed
 -- instead of refused: that is how a node re-asserts its live connections.
 local id, user, device, node = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local ttl, active, assert, seq = tonumber(ARGV[5]), ARGV[6], ARGV[7] == '1', tonumber(ARGV[8]) or 0
-local uk, NC = given_user(user), KEYS[16]
+local uk, NC = given_user(user), KEYS[17]
 local out = new_out()
 local owner = redis.call('HGET', C, id)
 if owner and not assert then return redis.error_reply('DUPLICATE connection id in use') end

@@ -1,10 +1,10 @@
--- KEYS: the shard's (prelude), the user's (KEYS[12] to KEYS[15]) and the
--- node's connection set, nc:<node> (KEYS[16]). ARGV: id, cause (0 closed,
+-- KEYS: the shard's (prelude), the user's (KEYS[13] to KEYS[16]) and the
+-- node's connection set, nc:<node> (KEYS[17]). ARGV: id, cause (0 closed,
 -- 1 expired, 2 lost), ttl ms, grace ms, user, node, known (1/0: the node held
 -- the connection, not merely tried to connect it), grace ms for a user Redis
 -- lost (at least the hold-off).
 local id, cause, user, node = ARGV[1], tonumber(ARGV[2]), ARGV[5], ARGV[6]
-local uk, NC = given_user(user), KEYS[16]
+local uk, NC = given_user(user), KEYS[17]
 -- The keys declared are those of the connection's user and node: a record
 -- naming others is refused before anything changes.
 local owner = redis.call('HGET', C, id)

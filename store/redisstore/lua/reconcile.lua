@@ -1,5 +1,5 @@
 -- KEYS: the shard's (prelude) and the node's connection set, nc:<node>
--- (KEYS[12]). ARGV: node, ttl ms, grace ms, since ms, live id... Ends every
+-- (KEYS[13]). ARGV: node, ttl ms, grace ms, since ms, live id... Ends every
 -- connection the store holds for node that the node no longer has (closed
 -- while Redis was away, or left by a previous process with this node id),
 -- except those connected or heard from since `since`: they are newer than
@@ -7,7 +7,7 @@
 -- The users of those connections are found in the set, so their keys are
 -- found too (found_user in the prelude: the shard's hash tag, its slot).
 local node, ttl, grace, since = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local NC = KEYS[12]
+local NC = KEYS[13]
 local live = {}
 for i = 5, #ARGV do live[ARGV[i]] = true end
 local out = new_out()

@@ -1,4 +1,4 @@
--- KEYS: the shard's (prelude) and the user's (KEYS[12] to KEYS[15]).
+-- KEYS: the shard's (prelude) and the user's (KEYS[13] to KEYS[16]).
 -- ARGV: id, user, active (1/0), ttl ms, seq (the node's count of status
 -- writes for the connection, this one included).
 local id, user, active, ttl, seq = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])

@@ -5,7 +5,8 @@
 -- loss less than a hold-off ago).
 -- One shard's sweep, atomic: whatever it claims, no other node can. What it
 -- claims is found while it runs (dead nodes in NODES, their connections in
--- their nc: sets, late deadlines in DL, ended graces in GRACE), and so are
+-- their nc: sets, late deadlines in DL, ended graces in GRACE, expired
+-- statuses in ST), and so are
 -- the keys of those users and nodes: found_user and found_nc (prelude) build
 -- them with the shard's hash tag, hence its slot.
 local ttl, grace, nodettl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -75,6 +76,18 @@ for i = 1, #late, 2 do
   end
 end
 settle_all(overdue, grace, out)
+
+-- Statuses whose expiry has come: each is reset to auto, once, by the one
+-- sweep that claims it here.
+for _, user in ipairs(redis.call('ZRANGEBYSCORE', ST, '-inf', NOW_MS, 'LIMIT', 0, limit)) do
+  redis.call('ZREM', ST, user)
+  local uk = found_user(user)
+  local ex = num(redis.call('HGET', uk.u, 'ex'))
+  if ex > 0 and ex <= NOW_MS then
+    set_status(uk, 0, '', '', 0, out)
+    out.sx = out.sx + 1
+  end
+end
 
 -- Graces that are over.
 local ends = redis.call('ZRANGEBYSCORE', GRACE, '-inf', NOW_MS, 'LIMIT', 0, limit)
