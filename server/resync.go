@@ -30,10 +30,15 @@ func (h *hub) resync(floor func(string) uint64) {
 		teams = append(teams, t)
 	}
 	gens := make(map[*localUser]uint64, len(h.users))
+	users := make([]string, 0, len(h.users))
 	for _, lu := range h.users {
 		gens[lu] = lu.gen
+		users = append(users, lu.id)
 	}
 	h.mu.RUnlock()
+	// A team that no local user was in, joined by one meanwhile, is not
+	// among those: its join event was missed with the rest.
+	teams = append(teams, h.missedTeams(users, teams)...)
 	sent := 0
 	// After a data loss the store refuses reads until the nodes have
 	// written their connections back: the resync waits for that (a node
@@ -156,8 +161,55 @@ const recoveryWait = 30 * time.Second
 
 // readTeam reads a team's truth, with a deadline per team: a big node must
 // not run out of time halfway.
+// missedTeams lists the teams that users (local) are in, per the store,
+// and that are not in known.
+func (h *hub) missedTeams(users, known []string) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	have := make(map[string]struct{}, len(known))
+	for _, t := range known {
+		have[t] = struct{}{}
+	}
+	var missed []string
+	for _, teams := range h.srv.teamsOfMany(ctx, users) {
+		for _, t := range teams {
+			if _, ok := have[t]; !ok {
+				have[t] = struct{}{}
+				missed = append(missed, t)
+			}
+		}
+	}
+	return missed
+}
+
 func (h *hub) readTeam(team string) ([]presence.Presence, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return h.srv.teamStates(ctx, team)
+}
+
+// teamsOfMany reads the teams of users, batched when the store can; a user
+// whose teams could not be read has none in the answer.
+func (s *Server) teamsOfMany(ctx context.Context, users []string) [][]string {
+	if len(users) == 0 {
+		return nil
+	}
+	if b, ok := s.store.(teamsBatcher); ok {
+		teams, err := b.TeamsOfMany(ctx, users)
+		if err == nil && len(teams) == len(users) {
+			return teams
+		}
+		s.log.Warn("resync: teams of local users", "err", err)
+		return nil
+	}
+	out := make([][]string, len(users))
+	for i, u := range users {
+		teams, err := s.store.TeamsOf(ctx, u)
+		if err != nil {
+			s.log.Warn("resync: teams of local users", "err", err)
+			return out
+		}
+		out[i] = teams
+	}
+	return out
 }

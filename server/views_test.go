@@ -303,6 +303,37 @@ func TestResyncAppliesMissedMembership(t *testing.T) {
 	}
 }
 
+// A local user who joined, while the node heard nothing, a team no local
+// user was in: the resync finds that team too, or the user never hears its
+// members (and they never hear it).
+func TestResyncFindsATeamNoLocalUserWasIn(t *testing.T) {
+	ctx := context.Background()
+	h, mem, local := sharedHub(t, [][2]string{{"t1", "carol"}, {"t3", "dave"}})
+	carol := local("carol")
+	if err := mem.AddMember(ctx, "t3", "carol"); err != nil { // missed
+		t.Fatal(err)
+	}
+	if err := mem.Connect(ctx, presence.Conn{ID: "d1", UserID: "dave", Device: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	carol.mu.Lock()
+	carol.pending, carol.order = nil, nil
+	carol.mu.Unlock()
+	h.resync(func(string) uint64 { return 0 })
+	h.work.drain(ctx)
+	ts := h.teamsOf("carol")
+	slices.Sort(ts)
+	if got := fmt.Sprint(ts); got != "[t1 t3]" {
+		t.Fatalf("carol is indexed under %s, want [t1 t3]", got)
+	}
+	carol.mu.Lock()
+	ch, ok := carol.pending["dave"]
+	carol.mu.Unlock()
+	if !ok || ch.State != "online" {
+		t.Fatalf("carol's outbox has dave = %+v (%v), want online: the join's catch-up", ch, ok)
+	}
+}
+
 // drain runs the queued jobs, and those they queue, on the caller's
 // goroutine (tests without the worker loop).
 func (w *worker) drain(ctx context.Context) {
