@@ -602,17 +602,10 @@ func (s *Server) answerQuery(ctx context.Context, c *client, q *protocol.Query) 
 // least one.
 func queryCost(n int) int { return max(1, (n+9)/10) }
 
-// teamsBatcher is a store that reads many users' teams in one round trip.
-// store.Teams has only the one-user TeamsOf; a store that adds this method
-// is used without a change here.
-type teamsBatcher interface {
-	TeamsOfMany(ctx context.Context, users []string) ([][]string, error)
-}
-
 // sharesTeamWith reports which of ids share a team with viewer. The
 // viewer's teams come from the hub once; each distinct id's teams from the
 // hub's index when the id is connected here (no store call), else from one
-// batched store read when the store offers one (teamsBatcher), else one
+// batched store read when the store offers one (store.TeamsBatcher), else one
 // TeamsOf per distinct id. The hub's index is what routing uses, so a query
 // agrees with the changes the viewer is sent.
 func (s *Server) sharesTeamWith(ctx context.Context, viewer string, ids []string) (map[string]bool, error) {
@@ -645,7 +638,7 @@ func (s *Server) sharesTeamWith(ctx context.Context, viewer string, ids []string
 	if len(remote) == 0 {
 		return out, nil
 	}
-	if b, ok := s.store.(teamsBatcher); ok {
+	if b, ok := s.store.(store.TeamsBatcher); ok {
 		var teams [][]string
 		err := s.timed(store.OpQuery, func() error {
 			var err error
