@@ -298,6 +298,10 @@ func TestSlowReaderIsDisconnectedWithoutHoldingOthers(t *testing.T) {
 		// churn it is sent; a reader that never reads overflows it anyway.
 		c.MaxWriteBuffer = 32 << 10
 		c.SocketSendBuffer = 4 << 10
+		// The stuck reader's changes wait, coalesced, instead of filling
+		// the write buffer; it is closed once its socket has taken nothing
+		// for this long, before its silence reaches the ttl.
+		c.SlowReaderTimeout = 700 * time.Millisecond
 		c.Registry = reg // read directly: /metrics itself is bigger than 16 KiB
 		c.RateLimit, c.RateBurst = 100000, 100000
 	})
@@ -354,6 +358,9 @@ func TestSlowReaderIsDisconnectedWithoutHoldingOthers(t *testing.T) {
 	checkFor(t, 20*time.Second, func() error {
 		if v := gauge(t, reg, "greendot_slow_consumer_disconnects_total"); v != 1 {
 			return errorf("slow consumer disconnects = %v, want 1", v)
+		}
+		if v := gauge(t, reg, "greendot_slow_consumer_timeouts_total"); v != 1 {
+			return errorf("slow consumer timeouts = %v, want 1", v)
 		}
 		if v := gauge(t, reg, "greendot_connections"); v != float64(len(subjects)+1) {
 			return errorf("connections = %v, want the stuck reader gone", v)

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 
 	"github.com/lesismal/nbio"
-	"github.com/lesismal/nbio/nbhttp"
 	"github.com/lesismal/nbio/nbhttp/websocket"
 )
 
@@ -14,12 +13,8 @@ import (
 // finds those frames; each is then a sign of life and costs a rate token,
 // like any frame, in the connection's serial executor, where onMessage runs.
 func (s *Server) watchEmptyFrames(ws *websocket.Conn, c *client) {
-	raw := ws.Conn
-	if hc, ok := raw.(*nbhttp.Conn); ok { // upgraded from nbhttp's parser
-		raw = hc.Conn
-	}
-	nbc, ok := raw.(*nbio.Conn)
-	if !ok || ws.Execute == nil {
+	nbc := nbioConn(ws)
+	if nbc == nil || ws.Execute == nil {
 		return
 	}
 	parse := nbc.DataHandler()

@@ -32,28 +32,32 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 	u.OnMessage(s.onMessage)
 	u.OnClose(s.onClose)
 	u.SetCloseHandler(func(c *websocket.Conn, code int, _ string) {
+		var reply []byte // 1005: no code came, none goes back
+		if code != 1005 {
+			reply = closePayload(code, "")
+		}
 		if cl, ok := c.Session().(*client); ok {
 			cl.closeFrame.Store(true) // a clean close: the close is the last sign of life
-		}
-		if code == 1005 {
-			_ = c.WriteMessage(websocket.CloseMessage, nil)
+			_ = cl.send(websocket.CloseMessage, reply)
 			return
 		}
-		_ = c.WriteClose(code, "")
+		_ = c.WriteMessage(websocket.CloseMessage, reply)
 	})
 	// A client's ping costs a rate token like a frame: answering a flood of
 	// them took a core. nbio runs this handler in the connection's serial
 	// executor, as onMessage, so allow needs no lock. A client's pong is an
 	// answer to our own ping and is not counted.
 	u.SetPingHandler(func(c *websocket.Conn, data string) {
-		if cl, ok := c.Session().(*client); ok {
-			now := s.cfg.Now()
-			s.signOfLife(cl, now)
-			if !cl.allow(now, 1) {
-				return // refused: no pong
-			}
+		cl, ok := c.Session().(*client)
+		if !ok {
+			_ = c.WriteMessage(websocket.PongMessage, []byte(data))
+			return
 		}
-		_ = c.WriteMessage(websocket.PongMessage, []byte(data))
+		now := s.cfg.Now()
+		s.signOfLife(cl, now)
+		if cl.allow(now, 1) { // refused: no pong
+			_ = cl.send(websocket.PongMessage, []byte(data))
+		}
 	})
 	u.SetPongHandler(func(c *websocket.Conn, _ string) {
 		if cl, ok := c.Session().(*client); ok {
@@ -167,6 +171,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	c.tokens = float64(s.cfg.RateBurst)
 	c.refilled = now
 	ws.SetSession(c)
+	s.trackWrites(c)
 	s.watchEmptyFrames(ws, c)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -678,6 +683,7 @@ func (s *Server) onClose(ws *websocket.Conn, _ error) {
 		return
 	}
 	c.markClosed()
+	s.untrackWrites(c)
 	s.hub.remove(c)
 	if !c.registered.Load() {
 		return
