@@ -112,7 +112,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		slowCoalesced: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "slow_consumer_coalesced_total",
 			Help: "Queued changes replaced by a newer change of the same user while the connection's socket was not draining."}),
 		slowTimeouts: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "slow_consumer_timeouts_total",
-			Help: "Connections closed with 1013 because their socket took nothing for the slow-reader timeout."}),
+			Help: "Connections closed with 1013 because their socket did not drain for the slow-reader timeout."}),
 		storeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "store_operation_seconds",
 			Help:    "Latency of store operations, by operation.",
 			Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10)}, []string{"op"}),

@@ -460,9 +460,9 @@ func (c *client) armStuck(d time.Duration) {
 	}
 }
 
-// checkStuck closes the connection with 1013 if its socket has taken
-// nothing for SlowReaderTimeout (the backlog dated by noteBacklog is that
-// old), or re-arms itself for when the current backlog will be. After such
+// checkStuck closes the connection with 1013 if its socket has not drained
+// for SlowReaderTimeout (the backlog dated by noteBacklog is that old), or
+// re-arms itself for when the current backlog will be. After such
 // a close it runs once more, when the close frame's time is up.
 func (c *client) checkStuck() {
 	if c.closed.Load() {
@@ -481,7 +481,7 @@ func (c *client) checkStuck() {
 	c.closeStuck()
 }
 
-// closeStuck closes a connection whose socket took nothing for
+// closeStuck closes a connection whose socket did not drain for
 // SlowReaderTimeout. The close frame waits behind what the reader has not
 // taken: it gets as long again to take it, then the connection is closed.
 func (c *client) closeStuck() {

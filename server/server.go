@@ -57,8 +57,8 @@ type Config struct {
 	// slow; 4 MiB. It bounds HTTP responses too (a team presence of ~80,000
 	// present members).
 	MaxWriteBuffer int
-	// SlowReaderTimeout: a connection whose socket takes nothing for this
-	// long while output waits for it is closed with 1013 (its changes wait
+	// SlowReaderTimeout: a connection whose socket does not take all that
+	// was written to it for this long is closed with 1013 (its changes wait
 	// meanwhile, one per subject, newest wins; the close frame gets as long
 	// again to be taken). 30s; <0 never.
 	SlowReaderTimeout time.Duration
