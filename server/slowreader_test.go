@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/greendot/greendot/server"
+	"github.com/greendot/greendot/store/memstore"
 )
 
 // frozenReader is a WebSocket client over TCP, with a tiny receive buffer,
@@ -213,14 +214,25 @@ func setStatus(t *testing.T, c, pacer *wsClient, state string) {
 	pacer.expectChanges(5*time.Second, subject+"="+state)
 }
 
+// slowReaderServer has a long ttl: with a 2 KiB receive buffer on
+// loopback, the kernel drops segments towards a frozen reader and backs off
+// its retransmissions (seen: 1.6 s timers, the reader's own heartbeats held
+// up behind them), so a short ttl would expire frozen readers meanwhile.
 func slowReaderServer(t *testing.T, timeout time.Duration) (*testServer, *prometheus.Registry) {
+	const ttl = 30 * time.Second
+	st, err := memstore.New(memstore.Config{TTL: ttl, Grace: testGrace})
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg := prometheus.NewRegistry()
 	ts := startServer(t, func(c *server.Config) {
+		c.Store, c.TTL = st, ttl
 		c.SocketSendBuffer = 4 << 10
 		c.Registry = reg
 		c.RateLimit, c.RateBurst = 1e6, 1e6
 		c.SlowReaderTimeout = timeout
 	})
+	ts.store = st
 	return ts, reg
 }
 
