@@ -23,6 +23,7 @@ import (
 	"github.com/greendot/greendot/protocol"
 	"github.com/greendot/greendot/server"
 	"github.com/greendot/greendot/store"
+	"github.com/greendot/greendot/store/memstore"
 )
 
 func (c *wsClient) expectError(code string) {
@@ -293,15 +294,23 @@ func TestHTTPBadInput(t *testing.T) {
 // A client that stops reading is disconnected; everyone else keeps up.
 func TestSlowReaderIsDisconnectedWithoutHoldingOthers(t *testing.T) {
 	reg := prometheus.NewRegistry()
+	// The stuck reader is silent: a ttl past the test keeps it from being
+	// reaped as silent before its stall is noticed.
+	const ttl = 30 * time.Second
+	st, err := memstore.New(memstore.Config{TTL: ttl, Grace: testGrace})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ts := startServer(t, func(c *server.Config) {
+		c.Store, c.TTL = st, ttl
 		// Room for a reader that keeps reading but shares the CPU with the
-		// churn it is sent; a reader that never reads overflows it anyway.
+		// churn it is sent.
 		c.MaxWriteBuffer = 32 << 10
 		c.SocketSendBuffer = 4 << 10
 		// The stuck reader's changes wait, coalesced, instead of filling
-		// the write buffer; it is closed once its socket has taken nothing
-		// for this long, before its silence reaches the ttl.
-		c.SlowReaderTimeout = 700 * time.Millisecond
+		// the write buffer; it is closed once its socket has not drained
+		// for this long.
+		c.SlowReaderTimeout = 2 * time.Second
 		c.Registry = reg // read directly: /metrics itself is bigger than 16 KiB
 		c.RateLimit, c.RateBurst = 100000, 100000
 	})
