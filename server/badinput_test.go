@@ -23,6 +23,7 @@ import (
 	"github.com/greendot/greendot/protocol"
 	"github.com/greendot/greendot/server"
 	"github.com/greendot/greendot/store"
+	"github.com/greendot/greendot/store/memstore"
 )
 
 func (c *wsClient) expectError(code string) {
@@ -293,11 +294,23 @@ func TestHTTPBadInput(t *testing.T) {
 // A client that stops reading is disconnected; everyone else keeps up.
 func TestSlowReaderIsDisconnectedWithoutHoldingOthers(t *testing.T) {
 	reg := prometheus.NewRegistry()
+	// The stuck reader is silent: a ttl past the test keeps it from being
+	// reaped as silent before its stall is noticed.
+	const ttl = 30 * time.Second
+	st, err := memstore.New(memstore.Config{TTL: ttl, Grace: testGrace})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ts := startServer(t, func(c *server.Config) {
+		c.Store, c.TTL = st, ttl
 		// Room for a reader that keeps reading but shares the CPU with the
-		// churn it is sent; a reader that never reads overflows it anyway.
+		// churn it is sent.
 		c.MaxWriteBuffer = 32 << 10
 		c.SocketSendBuffer = 4 << 10
+		// The stuck reader's changes wait, coalesced, instead of filling
+		// the write buffer; it is closed once its socket has not drained
+		// for this long.
+		c.SlowReaderTimeout = 2 * time.Second
 		c.Registry = reg // read directly: /metrics itself is bigger than 16 KiB
 		c.RateLimit, c.RateBurst = 100000, 100000
 	})
@@ -354,6 +367,9 @@ func TestSlowReaderIsDisconnectedWithoutHoldingOthers(t *testing.T) {
 	checkFor(t, 20*time.Second, func() error {
 		if v := gauge(t, reg, "greendot_slow_consumer_disconnects_total"); v != 1 {
 			return errorf("slow consumer disconnects = %v, want 1", v)
+		}
+		if v := gauge(t, reg, "greendot_slow_consumer_timeouts_total"); v != 1 {
+			return errorf("slow consumer timeouts = %v, want 1", v)
 		}
 		if v := gauge(t, reg, "greendot_connections"); v != float64(len(subjects)+1) {
 			return errorf("connections = %v, want the stuck reader gone", v)

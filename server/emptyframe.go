@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	"github.com/lesismal/nbio"
-	"github.com/lesismal/nbio/nbhttp"
 	"github.com/lesismal/nbio/nbhttp/websocket"
 
 	"github.com/greendot/greendot/protocol"
@@ -148,10 +147,6 @@ func headerLen(h []byte) int {
 
 // socketOf is the nbio connection under an upgraded WebSocket.
 func socketOf(ws *websocket.Conn) (*nbio.Conn, bool) {
-	raw := ws.Conn
-	if hc, ok := raw.(*nbhttp.Conn); ok { // upgraded from nbhttp's parser
-		raw = hc.Conn
-	}
-	nbc, ok := raw.(*nbio.Conn)
-	return nbc, ok
+	nbc := nbioConn(ws)
+	return nbc, nbc != nil
 }

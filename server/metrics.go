@@ -54,6 +54,9 @@ type metrics struct {
 	coalesced          prometheus.Counter
 	dropped            *prometheus.CounterVec
 	slowDisconnects    prometheus.Counter
+	slowConsumers      prometheus.Gauge
+	slowCoalesced      prometheus.Counter
+	slowTimeouts       prometheus.Counter
 	storeLatency       *prometheus.HistogramVec
 	storeErrors        *prometheus.CounterVec
 	resyncs            prometheus.Counter
@@ -111,6 +114,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			[]string{"reason"}),
 		slowDisconnects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "slow_consumer_disconnects_total",
 			Help: "Connections closed because they did not read their changes."}),
+		slowConsumers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "slow_consumers",
+			Help: "Connections whose socket has not taken the frames written to it: their changes wait, coalesced."}),
+		slowCoalesced: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "slow_consumer_coalesced_total",
+			Help: "Queued changes replaced by a newer change of the same user while the connection's socket was not draining."}),
+		slowTimeouts: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "slow_consumer_timeouts_total",
+			Help: "Connections closed with 1013 because their socket did not drain for the slow-reader timeout."}),
 		storeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "store_operation_seconds",
 			Help:    "Latency of store operations, by operation.",
 			Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10)}, []string{"op"}),
@@ -124,7 +133,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.connections, m.usersOnline, m.heartbeats, m.frames, m.framesRejected,
 		m.connectsRejected, m.httpRefused, m.socketsRefused, m.heartbeatGap, m.expirations, m.detectionLag, m.graceStarted,
 		m.graceCancellations, m.statusExpirations, m.changes, m.fanout, m.deliveries, m.coalesced, m.dropped,
-		m.slowDisconnects, m.storeLatency, m.storeErrors, m.resyncs, m.resyncDeliveries,
+		m.slowDisconnects, m.slowConsumers, m.slowCoalesced, m.slowTimeouts, m.storeLatency, m.storeErrors, m.resyncs, m.resyncDeliveries,
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: ns}),
 	)
 	// Every name carries the greendot_ prefix, the Go runtime's too

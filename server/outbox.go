@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lesismal/nbio"
+	"github.com/lesismal/nbio/nbhttp"
 	"github.com/lesismal/nbio/nbhttp/websocket"
 
 	"github.com/greendot/greendot/presence"
@@ -19,9 +21,13 @@ import (
 // Its outbox keeps at most one pending change per subject (presence is
 // state, not a log: a newer change replaces a queued older one), so the
 // memory a viewer can hold is bounded by the users it may see, and capped by
-// MaxPending. The flusher writes pending changes in batches; nbio never
-// blocks a write, and a reader that lets MaxWriteBufferSize pile up is closed
-// by nbio. Fan-out therefore never waits for any reader.
+// MaxPending. The flusher writes pending changes in batches, and only into
+// a socket that has taken everything written before (unsent is 0): while it
+// has not, the connection is stalled, its changes wait in pending, coalesced,
+// and nbio holds at most the rest of one frame. A reader stalled for
+// SlowReaderTimeout is closed with 1013. nbio never blocks a write, and
+// closes a reader that lets MaxWriteBuffer pile up (replies, a snapshot).
+// Fan-out therefore never waits for any reader.
 type client struct {
 	srv    *Server
 	ws     *websocket.Conn
@@ -34,6 +40,21 @@ type client struct {
 	closed     atomic.Bool
 	closeFrame atomic.Bool // the close was clean: a close frame, either way
 	away       atomic.Bool // the device said it is idle
+
+	// Bytes handed to nbio that the socket has not taken yet: send adds a
+	// message's frames, onWritten subtracts what nbio writes to the socket.
+	unsent atomic.Int64
+	// backlogSince: unix nanos since unsent has not been 0 (0: it is). A
+	// backlog older than SlowReaderTimeout closes the connection.
+	backlogSince atomic.Int64
+	// stalled: the flusher held changes back because unsent was not 0; the
+	// connection stays on the dirty list (queued) and onWritten lists it
+	// again once the socket has drained. Whoever clears it does that.
+	stalled atomic.Bool
+
+	timerMu    sync.Mutex  // never held while writing
+	stuckTimer *time.Timer // checkStuck; nil until the first backlog
+	ended      bool        // markClosed ran: arm no timer
 
 	// Only the frame handler touches these; nbio calls it serially.
 	tokens    float64
@@ -126,6 +147,9 @@ func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 			return
 		}
 		m.coalesced.Inc()
+		if c.stalled.Load() {
+			m.slowCoalesced.Inc()
+		}
 	} else {
 		c.order = append(c.order, ch.UserID)
 		if bulk {
@@ -340,16 +364,23 @@ func stateOfChange(q protocol.Change) protocol.UserState {
 		Text: q.Text, Emoji: q.Emoji, ExpiresAt: q.ExpiresAt, Since: q.Since}
 }
 
-// flush writes every pending change as one presence frame. enc caches the
-// encoding of single-change frames for one flush round: one change fanned
-// out to a thousand viewers is encoded once.
+// flush writes every pending change as one presence frame, unless the
+// socket has not taken the earlier frames yet: then they wait, coalesced,
+// until onWritten lists c again. enc caches the encoding of single-change
+// frames for one flush round: one change fanned out to a thousand viewers
+// is encoded once.
 func (c *client) flush(enc *frameCache) {
 	c.mu.Lock()
-	c.queued = false
 	if len(c.pending) == 0 || c.closed.Load() {
+		c.queued = false
 		c.mu.Unlock()
 		return
 	}
+	if c.stallLocked() {
+		c.mu.Unlock() // still queued: queue schedules nothing meanwhile
+		return
+	}
+	c.queued = false
 	var b []byte
 	n := len(c.pending)
 	if n == 1 {
@@ -373,6 +404,156 @@ func (c *client) flush(enc *frameCache) {
 	c.writeLocked(b)
 	c.mu.Unlock()
 	c.srv.metrics.deliveries.Add(float64(n))
+}
+
+// stallLocked reports whether the socket still holds bytes of earlier
+// writes, and if so marks c stalled, for onWritten to list it again once
+// they are written. The flag is set before the second look, so a drain in
+// between is seen by one side or the other.
+func (c *client) stallLocked() bool {
+	if c.stalled.Load() {
+		return true // listed again by onWritten only
+	}
+	if c.unsent.Load() <= 0 {
+		return false
+	}
+	// Every setting of the flag counts up, every clearing down.
+	c.stalled.Store(true)
+	c.srv.metrics.slowConsumers.Inc()
+	if c.unsent.Load() <= 0 && c.stalled.CompareAndSwap(true, false) {
+		c.srv.metrics.slowConsumers.Dec()
+		return false // drained meanwhile, and onWritten did not see the flag
+	}
+	return true // or onWritten has cleared it and listed c: the next round writes
+}
+
+// drained is onWritten's: the socket took every byte handed to nbio.
+func (c *client) drained() {
+	if c.backlogSince.Load() != 0 {
+		c.backlogSince.Store(0)
+		if c.unsent.Load() > 0 {
+			c.noteBacklog() // a write came meanwhile, and found the old date
+		}
+	}
+	if c.stalled.Load() && c.stalled.CompareAndSwap(true, false) {
+		c.srv.metrics.slowConsumers.Dec()
+		c.srv.hub.flush.markDirty(c, true)
+	}
+}
+
+// noteBacklog is send's, after a write that left bytes unsent: it dates the
+// backlog, if new, and arms checkStuck for when it is SlowReaderTimeout old.
+// Dated before the second look, as in stallLocked.
+func (c *client) noteBacklog() {
+	d := c.srv.cfg.SlowReaderTimeout
+	now := time.Now().UnixNano()
+	if d <= 0 || !c.backlogSince.CompareAndSwap(0, now) {
+		return
+	}
+	if c.unsent.Load() <= 0 {
+		c.backlogSince.CompareAndSwap(now, 0) // drained meanwhile
+		return
+	}
+	c.armStuck(d)
+}
+
+func (c *client) armStuck(d time.Duration) {
+	c.timerMu.Lock()
+	defer c.timerMu.Unlock()
+	switch {
+	case c.ended:
+	case c.stuckTimer == nil:
+		c.stuckTimer = time.AfterFunc(d, c.checkStuck)
+	default:
+		c.stuckTimer.Reset(d)
+	}
+}
+
+// checkStuck closes the connection with 1013 if its socket has not drained
+// for SlowReaderTimeout (the backlog dated by noteBacklog is that old), or
+// re-arms itself for when the current backlog will be. After such
+// a close it runs once more, when the close frame's time is up.
+func (c *client) checkStuck() {
+	if c.closed.Load() {
+		_ = c.ws.Close() // the close frame was not taken in time, or another close is under way
+		return
+	}
+	since := c.backlogSince.Load()
+	if since == 0 {
+		return // drained; the next backlog arms the timer again
+	}
+	d := c.srv.cfg.SlowReaderTimeout
+	if left := time.Duration(since + int64(d) - time.Now().UnixNano()); left > 0 {
+		c.armStuck(left) // a later backlog than the one this was armed for
+		return
+	}
+	c.closeStuck()
+}
+
+// closeStuck closes a connection whose socket did not drain for
+// SlowReaderTimeout. The close frame waits behind what the reader has not
+// taken: it gets as long again to take it, then the connection is closed.
+func (c *client) closeStuck() {
+	if c.closed.Swap(true) {
+		return
+	}
+	m := c.srv.metrics
+	m.slowTimeouts.Inc()
+	m.slowDisconnects.Inc()
+	c.mu.Lock()
+	m.dropped.WithLabelValues(reasonSlow).Add(float64(len(c.pending)))
+	c.pending, c.order, c.bulk = nil, nil, 0
+	c.mu.Unlock()
+	c.armStuck(c.srv.cfg.SlowReaderTimeout)
+	_ = c.send(websocket.CloseMessage, closePayload(protocol.CloseTryAgainLater, "slow consumer"))
+}
+
+func closePayload(code int, reason string) []byte {
+	b := make([]byte, 2+len(reason))
+	binary.BigEndian.PutUint16(b, uint16(code))
+	copy(b[2:], reason)
+	return b
+}
+
+// send writes one message, its bytes counted in unsent until nbio reports
+// them written to the socket (onWritten).
+func (c *client) send(mt websocket.MessageType, b []byte) error {
+	c.unsent.Add(wsFrameLen(len(b), c.maxFramePayload()))
+	err := c.ws.WriteMessage(mt, b)
+	if c.unsent.Load() > 0 {
+		c.noteBacklog()
+	}
+	return err
+}
+
+func (c *client) maxFramePayload() int {
+	if e := c.ws.Engine; e != nil && e.MaxWebsocketFramePayloadSize > 0 {
+		return e.MaxWebsocketFramePayloadSize
+	}
+	return nbhttp.DefaultMaxWebsocketFramePayloadSize
+}
+
+// wsFrameLen is what nbio writes for a server message of n payload bytes:
+// fragments of at most maxPayload bytes, each with an unmasked header.
+func wsFrameLen(n, maxPayload int) int64 {
+	if n == 0 {
+		return 2
+	}
+	var total int64
+	for n > 0 {
+		k := min(n, maxPayload)
+		switch {
+		case k < 126:
+			total += 2
+		case k <= 65535:
+			total += 4
+		default:
+			total += 10
+		}
+		total += int64(k)
+		n -= k
+	}
+	return total
 }
 
 // frameCache holds the encoded single-change frames of one flush round.
@@ -416,7 +597,7 @@ func (c *client) writeLocked(b []byte) {
 	if c.closed.Load() {
 		return
 	}
-	if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+	if err := c.send(websocket.TextMessage, b); err != nil {
 		if errors.Is(err, nbio.ErrOverflow) {
 			// More than MaxWriteBuffer is waiting for this reader.
 			c.srv.metrics.slowDisconnects.Inc()
@@ -433,15 +614,24 @@ func (c *client) closeWith(code int, reason string) {
 	}
 	// Our close is no sign of life from the client: only its answering
 	// close frame is (the close handler notes it).
-	_ = c.ws.WriteClose(code, reason)
+	_ = c.send(websocket.CloseMessage, closePayload(code, reason))
 	_ = c.ws.Close()
 }
 
 func (c *client) markClosed() {
 	c.closed.Store(true)
+	c.timerMu.Lock()
+	c.ended = true
+	if c.stuckTimer != nil {
+		c.stuckTimer.Stop()
+	}
+	c.timerMu.Unlock()
 	c.mu.Lock()
 	if c.expiry != nil {
 		c.expiry.Stop()
+	}
+	if c.stalled.CompareAndSwap(true, false) {
+		c.srv.metrics.slowConsumers.Dec()
 	}
 	c.pending = nil
 	c.order = nil

@@ -38,7 +38,7 @@ func (c *client) pingIfSilent(t *time.Timer) {
 	next := d
 	if quiet := time.Duration(c.srv.cfg.Now().UnixNano() - c.lastFrame.Load()); quiet < d {
 		next = d - quiet
-	} else if err := c.ws.WriteMessage(websocket.PingMessage, nil); err != nil {
+	} else if err := c.send(websocket.PingMessage, nil); err != nil {
 		return // closed or closing: onClose follows
 	}
 	t.Reset(next)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/greendot/greendot/server"
 	"github.com/greendot/greendot/store"
+	"github.com/greendot/greendot/store/memstore"
 )
 
 // frozen is a clock that never moves: the rate limit refills nothing, so a
@@ -135,6 +136,53 @@ func TestQueryVisibilityUsesABatchRead(t *testing.T) {
 	}
 	if got["dave"] != "offline" || got["erin"] != "offline" || got["nobody"] != "unknown" {
 		t.Fatalf("states: %v", got)
+	}
+}
+
+// memCounting is the memory store, TeamsOfMany included, with its team reads
+// counted.
+type memCounting struct {
+	*memstore.Store
+	teamsOf, batches, batched atomic.Int64
+}
+
+func (s *memCounting) TeamsOf(ctx context.Context, user string) ([]string, error) {
+	s.teamsOf.Add(1)
+	return s.Store.TeamsOf(ctx, user)
+}
+
+func (s *memCounting) TeamsOfMany(ctx context.Context, users []string) ([][]string, error) {
+	s.batches.Add(1)
+	s.batched.Add(int64(len(users)))
+	return s.Store.TeamsOfMany(ctx, users)
+}
+
+// A query of 500 ids none of whom is connected here reads their teams in one
+// batched store call, not 500 TeamsOf (500 round trips on Redis; the Redis
+// store's batch is one pipeline, see redisstore's TestTeamsOfManyIsOneRoundTrip).
+func TestQueryOf500IDsReadsTeamsInOneCall(t *testing.T) {
+	ms := &memCounting{}
+	ts := startServer(t, func(c *server.Config) {
+		ms.Store = c.Store.(*memstore.Store)
+		c.Store = ms
+		c.RateBurst = 100 // the query costs 50 tokens
+	})
+	q := ids(500)
+	ts.join("t1", "alice", q[7], q[499])
+	alice := ts.dialSilent(t, "alice")
+	before := ms.teamsOf.Load()
+	got := queryStates(t, alice, q...)
+	if n, b, k := ms.teamsOf.Load()-before, ms.batches.Load(), ms.batched.Load(); n != 0 || b != 1 || k != 500 {
+		t.Fatalf("TeamsOf calls %d, batches %d of %d ids; want 0, 1 of 500", n, b, k)
+	}
+	for i, id := range q {
+		want := "unknown"
+		if i == 7 || i == 499 {
+			want = "offline"
+		}
+		if got[id] != want {
+			t.Fatalf("%s: %q, want %q", id, got[id], want)
+		}
 	}
 }
 

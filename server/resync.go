@@ -194,7 +194,7 @@ func (s *Server) teamsOfMany(ctx context.Context, users []string) [][]string {
 	if len(users) == 0 {
 		return nil
 	}
-	if b, ok := s.store.(teamsBatcher); ok {
+	if b, ok := s.store.(store.TeamsBatcher); ok {
 		teams, err := b.TeamsOfMany(ctx, users)
 		if err == nil && len(teams) == len(users) {
 			return teams

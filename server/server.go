@@ -56,11 +56,16 @@ type Config struct {
 	// MaxWriteBuffer: unsent bytes per connection before it is closed as
 	// slow; 4 MiB. It bounds HTTP responses too (a team presence of ~80,000
 	// present members).
-	MaxWriteBuffer   int
-	SocketSendBuffer int           // SO_SNDBUF of each connection; 0 leaves the kernel's autotuning
-	DrainSpread      time.Duration // reconnect delays are spread over this; 3s
-	SweepInterval    time.Duration // 100ms
-	FlushDelay       time.Duration // batching window for changes; 5ms
+	MaxWriteBuffer int
+	// SlowReaderTimeout: a connection whose socket does not take all that
+	// was written to it for this long is closed with 1013 (its changes wait
+	// meanwhile, one per subject, newest wins; the close frame gets as long
+	// again to be taken). 30s; <0 never.
+	SlowReaderTimeout time.Duration
+	SocketSendBuffer  int           // SO_SNDBUF of each connection; 0 leaves the kernel's autotuning
+	DrainSpread       time.Duration // reconnect delays are spread over this; 3s
+	SweepInterval     time.Duration // 100ms
+	FlushDelay        time.Duration // batching window for changes; 5ms
 	// MaxConnecting bounds the connects a node registers at once; others
 	// wait up to ConnectQueueWait, then get 503. A reconnect storm is then
 	// served at the rate the store sustains instead of timing out as a whole
@@ -115,6 +120,10 @@ type Server struct {
 	adm        *admission
 	walkers    frameWalkers
 
+	// The WebSocket connections by their socket, for onWritten: *nbio.Conn
+	// → *client, from the upgrade to onClose.
+	writers sync.Map
+
 	draining atomic.Bool
 	stopOnce sync.Once
 	stop     chan struct{} // closed by Shutdown; never sent on
@@ -142,6 +151,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxUnauthenticatedPerIP == 0 {
 		cfg.MaxUnauthenticatedPerIP = 1024
 	}
+	setDefault(&cfg.SlowReaderTimeout, 30*time.Second)
 	if cfg.MaxConnecting <= 0 {
 		cfg.MaxConnecting = 64
 	}
@@ -269,6 +279,7 @@ func (s *Server) Start() error {
 			s.walkers.m.Delete(nc)
 		}
 	})
+	s.engine.OnWrittenSize(s.onWritten)
 	if err := s.engine.Start(); err != nil {
 		_ = ln.Close()
 		s.pool.close()

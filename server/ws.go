@@ -32,28 +32,32 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 	u.OnMessage(s.onMessage)
 	u.OnClose(s.onClose)
 	u.SetCloseHandler(func(c *websocket.Conn, code int, _ string) {
+		var reply []byte // 1005: no code came, none goes back
+		if code != 1005 {
+			reply = closePayload(code, "")
+		}
 		if cl, ok := c.Session().(*client); ok {
 			cl.closeFrame.Store(true) // a clean close: the close is the last sign of life
-		}
-		if code == 1005 {
-			_ = c.WriteMessage(websocket.CloseMessage, nil)
+			_ = cl.send(websocket.CloseMessage, reply)
 			return
 		}
-		_ = c.WriteClose(code, "")
+		_ = c.WriteMessage(websocket.CloseMessage, reply)
 	})
 	// A client's ping costs a rate token like a frame: answering a flood of
 	// them took a core. nbio runs this handler in the connection's serial
 	// executor, as onMessage, so allow needs no lock. A client's pong is an
 	// answer to our own ping and is not counted.
 	u.SetPingHandler(func(c *websocket.Conn, data string) {
-		if cl, ok := c.Session().(*client); ok {
-			now := s.cfg.Now()
-			s.signOfLife(cl, now)
-			if !cl.allow(now, 1) {
-				return // refused: no pong
-			}
+		cl, ok := c.Session().(*client)
+		if !ok {
+			_ = c.WriteMessage(websocket.PongMessage, []byte(data))
+			return
 		}
-		_ = c.WriteMessage(websocket.PongMessage, []byte(data))
+		now := s.cfg.Now()
+		s.signOfLife(cl, now)
+		if cl.allow(now, 1) { // refused: no pong
+			_ = cl.send(websocket.PongMessage, []byte(data))
+		}
 	})
 	u.SetPongHandler(func(c *websocket.Conn, _ string) {
 		if cl, ok := c.Session().(*client); ok {
@@ -170,6 +174,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	c.tokens = float64(s.cfg.RateBurst)
 	c.refilled = now
 	ws.SetSession(c)
+	s.trackWrites(c)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -630,17 +635,10 @@ func (s *Server) answerQuery(ctx context.Context, c *client, q *protocol.Query) 
 // least one.
 func queryCost(n int) int { return max(1, (n+9)/10) }
 
-// teamsBatcher is a store that reads many users' teams in one round trip.
-// store.Teams has only the one-user TeamsOf; a store that adds this method
-// is used without a change here.
-type teamsBatcher interface {
-	TeamsOfMany(ctx context.Context, users []string) ([][]string, error)
-}
-
 // sharesTeamWith reports which of ids share a team with viewer. The
 // viewer's teams come from the hub once; each distinct id's teams from the
 // hub's index when the id is connected here (no store call), else from one
-// batched store read when the store offers one (teamsBatcher), else one
+// batched store read when the store offers one (store.TeamsBatcher), else one
 // TeamsOf per distinct id. The hub's index is what routing uses, so a query
 // agrees with the changes the viewer is sent.
 func (s *Server) sharesTeamWith(ctx context.Context, viewer string, ids []string) (map[string]bool, error) {
@@ -673,7 +671,7 @@ func (s *Server) sharesTeamWith(ctx context.Context, viewer string, ids []string
 	if len(remote) == 0 {
 		return out, nil
 	}
-	if b, ok := s.store.(teamsBatcher); ok {
+	if b, ok := s.store.(store.TeamsBatcher); ok {
 		var teams [][]string
 		err := s.timed(store.OpQuery, func() error {
 			var err error
@@ -713,6 +711,7 @@ func (s *Server) onClose(ws *websocket.Conn, _ error) {
 		return
 	}
 	c.markClosed()
+	s.untrackWrites(c)
 	s.hub.remove(c)
 	if !c.registered.Load() {
 		return

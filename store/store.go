@@ -73,6 +73,16 @@ type Teams interface {
 	Members(ctx context.Context, team string) ([]string, error)
 }
 
+// TeamsBatcher is implemented by stores that read many users' teams in one
+// round trip: a query frame names up to 500 users, and TeamsOf for each
+// would cost a round trip per user. The stores of this repository implement
+// it; the server falls back to TeamsOf without it.
+type TeamsBatcher interface {
+	// TeamsOfMany lists the teams of each user, sorted, in the order of
+	// userIDs (nil for a user in no team).
+	TeamsOfMany(ctx context.Context, userIDs []string) ([][]string, error)
+}
+
 // Store is everything the server needs from a store.
 type Store interface {
 	Tracker

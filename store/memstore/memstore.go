@@ -49,12 +49,13 @@ type Store struct {
 }
 
 var (
-	_ store.Store       = (*Store)(nil)
-	_ store.Pinger      = (*Store)(nil)
-	_ store.Observable  = (*Store)(nil)
-	_ store.StateReader = (*Store)(nil)
-	_ store.Counter     = (*Store)(nil)
-	_ store.StatusStore = (*Store)(nil)
+	_ store.Store        = (*Store)(nil)
+	_ store.Pinger       = (*Store)(nil)
+	_ store.Observable   = (*Store)(nil)
+	_ store.StateReader  = (*Store)(nil)
+	_ store.Counter      = (*Store)(nil)
+	_ store.StatusStore  = (*Store)(nil)
+	_ store.TeamsBatcher = (*Store)(nil)
 )
 
 // New returns an empty Store.
@@ -183,6 +184,17 @@ func (s *Store) TeamsOf(_ context.Context, user string) ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return sortedKeys(s.userOf[user]), nil
+}
+
+// TeamsOfMany implements store.TeamsBatcher, under one lock.
+func (s *Store) TeamsOfMany(_ context.Context, userIDs []string) ([][]string, error) {
+	out := make([][]string, len(userIDs))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, u := range userIDs {
+		out[i] = sortedKeys(s.userOf[u])
+	}
+	return out, nil
 }
 
 // Members implements store.Teams.

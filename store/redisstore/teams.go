@@ -152,6 +152,31 @@ func (s *Store) TeamsOf(ctx context.Context, user string) ([]string, error) {
 	return teams, nil
 }
 
+// TeamsOfMany implements store.TeamsBatcher: one SMEMBERS per user, all in
+// one pipeline (on a cluster, go-redis sends it as one pipeline per node
+// that holds any of the users' slots).
+func (s *Store) TeamsOfMany(ctx context.Context, userIDs []string) ([][]string, error) {
+	out := make([][]string, len(userIDs))
+	if len(userIDs) == 0 {
+		return out, nil
+	}
+	cmds := make([]*redis.StringSliceCmd, len(userIDs))
+	pipe := s.rdb.Pipeline()
+	for i, u := range userIDs {
+		cmds[i] = pipe.SMembers(ctx, userTeamsKey(u))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: teams of many: %w", errors.Join(ErrUnavailable, err)))
+	}
+	for i, c := range cmds {
+		if teams := c.Val(); len(teams) > 0 {
+			sort.Strings(teams)
+			out[i] = teams
+		}
+	}
+	return out, nil
+}
+
 // Members implements store.Teams.
 func (s *Store) Members(ctx context.Context, team string) ([]string, error) {
 	members, err := s.rdb.SMembers(ctx, teamKey(team)).Result()

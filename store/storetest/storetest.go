@@ -59,6 +59,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"DuplicateConnection", testDuplicateConnection},
 		{"NeverSeenUser", testNeverSeenUser},
 		{"Membership", testMembership},
+		{"TeamsOfMany", testTeamsOfMany},
 		{"MembershipEvents", testMembershipEvents},
 		{"ConcurrentMembership", testConcurrentMembership},
 		{"ChangeCarriesTeams", testChangeCarriesTeams},
@@ -386,6 +387,45 @@ func testMembership(t *testing.T, h *harness) {
 	expectList(t, "teams of bob", must(h.s.TeamsOf(h.ctx, "bob")), "t2")
 	expectList(t, "members of t1", must(h.s.Members(h.ctx, "t1")), "amy")
 	expectList(t, "members of t9", must(h.s.Members(h.ctx, "t9")))
+}
+
+// testTeamsOfMany: the batched read agrees with TeamsOf, user by user, in
+// the order asked, duplicates and users in no team included. The stores of
+// this repository implement store.TeamsBatcher; the suite requires it.
+func testTeamsOfMany(t *testing.T, h *harness) {
+	b, ok := h.s.(store.TeamsBatcher)
+	if !ok {
+		t.Fatalf("%T does not implement store.TeamsBatcher", h.s)
+	}
+	got, err := b.TeamsOfMany(h.ctx, nil)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("no users: %v, %v", got, err)
+	}
+	var users []string
+	for i := range 300 { // past one pipeline's worth of a shard, on a cluster too
+		u := fmt.Sprint("u", i)
+		users = append(users, u)
+		for k := range i % 4 {
+			mustDo(t, h.s.AddMember(h.ctx, fmt.Sprint("t", (i+k)%7), u))
+		}
+	}
+	mustDo(t, h.s.RemoveMember(h.ctx, "t3", "u3"))
+	users = append(users, "u3", "nobody", "u7")
+	got, err = b.TeamsOfMany(h.ctx, users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(users) {
+		t.Fatalf("%d users: %d answers", len(users), len(got))
+	}
+	for i, u := range users {
+		expectList(t, "teams of "+u, got[i], must(h.s.TeamsOf(h.ctx, u))...)
+	}
+	expectList(t, "teams of u3", got[len(users)-3], "t4", "t5")
+	expectList(t, "teams of nobody", got[len(users)-2])
+	if got[0] != nil {
+		t.Errorf("u0 is in no team: %q, want nil", got[0])
+	}
 }
 
 func testMembershipEvents(t *testing.T, h *harness) {
