@@ -209,6 +209,9 @@ func (h *hub) joinWatched(ctx context.Context, lu *localUser, team string) {
 		ok := h.users[lu.id] == lu && lu.teams != nil && !member && slices.Contains(teams, team)
 		if ok {
 			h.joinLocked(lu, team, large[team])
+			if h.large[team] {
+				h.countConnsLocked(lu)
+			}
 		}
 		h.mu.Unlock()
 		if !ok {

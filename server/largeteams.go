@@ -395,23 +395,56 @@ func (h *hub) smallTeams(teams []string) []string {
 	return out
 }
 
-// afterSnapshot starts c's team_counts: at once for its large teams counted
-// already, later (countsLoop) for those still loading.
+// afterSnapshot starts c's team_counts if its user has a large team: at
+// once for the large teams counted already, later (countsLoop) for those
+// still loading. Only such connections are looked at by the counts loop;
+// a user who joins a large team later is added then (countConnsLocked).
 func (h *hub) afterSnapshot(c *client) {
 	h.mu.RLock()
 	lu := h.users[c.user]
-	if lu == nil {
+	if lu == nil || !h.hasLargeLocked(lu) {
 		h.mu.RUnlock()
 		return
 	}
 	h.counts.mu.Lock()
-	cc := &connCounts{sent: make(map[string][2]int)}
-	h.counts.sent[c] = cc
+	cc := h.counts.sent[c]
+	if cc == nil {
+		cc = &connCounts{sent: make(map[string][2]int)}
+		h.counts.sent[c] = cc
+	}
 	frame := h.countsDueLocked(lu, cc, h.srv.cfg.Now())
 	h.counts.mu.Unlock()
 	h.mu.RUnlock()
 	if frame != nil {
 		c.writeJSON(frame)
+	}
+}
+
+func (h *hub) hasLargeLocked(lu *localUser) bool {
+	for t := range lu.teams {
+		if h.large[t] {
+			return true
+		}
+	}
+	return false
+}
+
+// countConnsLocked makes the counts loop look at lu's connections that
+// have had their snapshot (the others start in afterSnapshot), after lu
+// joined a large team. h.mu held.
+func (h *hub) countConnsLocked(lu *localUser) {
+	h.counts.mu.Lock()
+	defer h.counts.mu.Unlock()
+	for _, c := range lu.conns {
+		if _, ok := h.counts.sent[c]; ok {
+			continue
+		}
+		c.mu.Lock()
+		ready := c.ready
+		c.mu.Unlock()
+		if ready {
+			h.counts.sent[c] = &connCounts{sent: make(map[string][2]int)}
+		}
 	}
 }
 

@@ -319,3 +319,34 @@ func TestWatchCostsOneTokenPerTenIDs(t *testing.T) {
 	c.send(map[string]any{"type": "watch", "id": "w", "user_ids": ids(1)})
 	c.expectError("rate_limited")
 }
+
+// A viewer who joins a large team while connected gets its counts and the
+// changes of whom it watched before; a watched user who leaves and joins
+// again is sent at the join, and their changes resume.
+func TestLargeTeamJoinedLater(t *testing.T) {
+	ts := startServer(t, largeAt3)
+	ts.join("big", "a", "b", "c", "d")
+	ts.join("small", "v", "s")
+	a := ts.dial(t, "a")
+	s := ts.dial(t, "s")
+	v := ts.dial(t, "v")
+	v.send(map[string]any{"type": "watch", "id": "w", "user_ids": []string{"a"}})
+	r := v.until("watch_result", func(f frame) bool { return f.typ() == "watch_result" })
+	if st := r[len(r)-1].f["users"].([]any)[0].(map[string]any)["state"]; st != "unknown" {
+		t.Fatalf("a shares no team with v yet: %v", st)
+	}
+	ts.join("big", "v")
+	v.until("team_counts", hasCounts("big", 5, 2)) // a and v online
+	// The watch made before holds: a's changes come now.
+	a.status("away")
+	v.until("a=away", hasChange("a", "away"))
+
+	ts.leave("big", "a")
+	a.status("online")
+	s.status("away")
+	noChangesOf(t, v.until("s=away", hasChange("s", "away")), "a")
+	ts.join("big", "a") // a's state comes with the join
+	v.until("a=online", hasChange("a", "online"))
+	a.status("away")
+	v.until("a=away", hasChange("a", "away"))
+}
