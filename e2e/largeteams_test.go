@@ -173,3 +173,44 @@ func TestLargeTeamAcrossNodes(t *testing.T) {
 	s.send(map[string]string{"type": "status", "state": "online"})
 	mustNotSee(t, v.untilFrame("s=online", changed("s", "online")), "p", "q", "r")
 }
+
+// Through a Redis outage: a watched user who leaves meanwhile is seen
+// offline by its watcher afterwards, the team's counts follow, and nothing
+// of the unwatched members comes.
+func TestLargeTeamThroughRedisOutage(t *testing.T) {
+	short := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: 500 * time.Millisecond}
+	r := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	a := startNode(t, r.URL(), "a", short, "--large-team", "3")
+	b := startNode(t, r.URL(), "b", short, "--large-team", "3")
+	a.join("big", "v", "p", "q", "x")
+	dialWS(t, b, "p", "web")
+	q := dialWS(t, b, "q", "web")
+	v := dialWS(t, a, "v", "web")
+	v.untilFrame("team_counts 4/3", counted("big", 4, 3))
+	v.send(map[string]any{"type": "watch", "id": "w", "user_ids": []string{"q"}})
+	v.untilFrame("watch_result", func(f map[string]any) bool { return f["type"] == "watch_result" })
+
+	r.Stop()
+	checkFor(t, 3*time.Second, func() error {
+		if code, _ := a.get("/readyz"); code != 503 {
+			return fmt.Errorf("a ready with Redis down")
+		}
+		return nil
+	})
+	q.close()
+	r.Restart()
+	got := v.untilFrame("q=offline", changed("q", "offline"))
+	mustNotSee(t, got, "p", "x")
+	got = v.untilFrame("team_counts 4/2", counted("big", 4, 2))
+	mustNotSee(t, got, "p", "x")
+	checkFor(t, 10*time.Second, func() error {
+		if m := metric(a, "greendot_resyncs_total"); m == "" || m == "0" {
+			return fmt.Errorf("a has not resynced yet")
+		}
+		return nil
+	})
+	// After the resync the watch holds: q coming back is sent, p and x are not.
+	dialWS(t, b, "q", "web")
+	got = v.untilFrame("q=online", changed("q", "online"))
+	mustNotSee(t, got, "p", "x")
+}
