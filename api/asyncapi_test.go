@@ -237,14 +237,23 @@ func TestAsyncAPIAgainstServer(t *testing.T) {
 		`{"type":"heartbeat"`,
 		`{"type":"set_status","mode":"busy"}`,
 		`{"type":"set_status","mode":"dnd","text":"` + strings.Repeat("x", 101) + `"}`,
+		`{"type":"watch","id":"w1","user_ids":["erin","zed"]}`,
+		`{"type":"watch","user_ids":[]}`,
+		`{"type":"watch","id":"w2","user_ids":"erin"}`,
+		`{"type":"watch","id":"w3","user_ids":[""]}`,
+		`{"type":"watch","user_ids":` + strings.ReplaceAll(string(many), `""`, `"u"`) + `}`,
+		`{"type":"unwatch","user_ids":["erin"]}`,
+		`{"type":"unwatch"}`,
 		// Last: on Redis its my_status may come after the fence.
 		`{"type":"set_status","mode":"dnd","text":"In a meeting","emoji":"📅","expires_at":null}`,
 	}
 	var agreed []string
 	for _, kind := range storeKinds {
 		t.Run(kind, func(t *testing.T) {
-			n := startNode(t, kind)
-			for _, m := range []string{"eng/members/alice", "eng/members/bob", "eng/members/carol", "ops/members/dave"} {
+			// big (4 members) is large, eng (3) is not.
+			n := startNode(t, kind, "--large-team", "3")
+			for _, m := range []string{"eng/members/alice", "eng/members/bob", "eng/members/carol", "ops/members/dave",
+				"big/members/alice", "big/members/bob", "big/members/carol", "big/members/erin"} {
 				if code, body := n.send(t, "PUT", "/v1/teams/"+m, ""); code != 204 {
 					t.Fatalf("PUT %s: %d %s", m, code, body)
 				}
@@ -338,7 +347,7 @@ func probe(t *testing.T, w *wsConn, frame, fence string) (refused bool, answers 
 			refused = true
 		case typ == "heartbeat_ack" && f["id"] == fence:
 			return refused, answers
-		case typ != "presence": // a teammate's change may arrive at any time
+		case typ != "presence" && typ != "team_counts": // a teammate's change, new counts: at any time
 			answers = append(answers, typ)
 		}
 	}

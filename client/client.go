@@ -89,6 +89,10 @@ type Client struct {
 	// myStatus is the user's status from the last my_status; guarded by mu.
 	myStatus UserStatus
 	thawed   chan struct{} // guarded by mu: closed while not frozen
+	// watched: the users watched (watch.go), watched again on every new
+	// connection; teamCounts: the last counts of each large team. Guarded by mu.
+	watched    map[string]struct{}
+	teamCounts map[string]TeamCount
 }
 
 // Dial connects to a greendot server, such as ws://127.0.0.1:8080/v1/connect,
@@ -411,6 +415,9 @@ func (c *Client) run(s *session) {
 			s, err = c.connect(ctx)
 			cancel()
 			if err == nil {
+				// On the supervisor: the session's end waits for it, and
+				// it stops when the session ends.
+				c.rewatch(s)
 				break
 			}
 			if c.ctx.Err() != nil {

@@ -96,11 +96,12 @@ func (s State) change(previous string, received time.Time, fromSnapshot bool) Ch
 // snapshot replaces everything, tombstones included, because a restarted
 // server may start counting versions again from 1.
 type presenceMap struct {
-	users map[string]State
+	users   map[string]State
+	watched map[string]struct{} // kept across snapshots (watch.go)
 }
 
 func newPresenceMap() *presenceMap {
-	return &presenceMap{users: make(map[string]State)}
+	return &presenceMap{users: make(map[string]State), watched: make(map[string]struct{})}
 }
 
 // applySnapshot replaces the map with a snapshot and returns what differs
@@ -138,6 +139,10 @@ func (m *presenceMap) applySnapshot(users []protocol.UserState, received time.Ti
 		if _, ok := next[id]; ok || old.State == protocol.StateOffline {
 			continue
 		}
+		if _, w := m.watched[id]; w {
+			next[id] = old // a watched user is not in snapshots: watched again, it is replaced
+			continue
+		}
 		gone := State{UserID: id, State: protocol.StateOffline, Version: old.Version, Since: received}
 		changes = append(changes, gone.change(old.State, received, true))
 	}
@@ -145,6 +150,26 @@ func (m *presenceMap) applySnapshot(users []protocol.UserState, received time.Ti
 	// Map iteration order is random; hand changes out in a stable order.
 	slices.SortFunc(changes, func(a, b Change) int { return strings.Compare(a.UserID, b.UserID) })
 	return changes
+}
+
+// replace applies a fresh read of users (the answer to a watch sent again
+// on a new connection) whatever the versions held, which a restarted
+// server may have started again from 1; a user whose look is unchanged
+// makes no change.
+func (m *presenceMap) replace(changes []protocol.Change, received time.Time) []Change {
+	for _, ch := range changes {
+		if old, ok := m.users[ch.UserID]; ok {
+			nu := State{State: ch.State, Text: ch.Text, Emoji: ch.Emoji, ExpiresAt: msTime(ch.ExpiresAt)}
+			if old.look() == nu.look() {
+				old.Version = ch.Version
+				m.users[ch.UserID] = old
+				continue
+			}
+			old.Version = 0
+			m.users[ch.UserID] = old
+		}
+	}
+	return m.applyChanges(changes, received)
 }
 
 // applyChanges applies the changes of one presence frame in order and returns

@@ -271,6 +271,16 @@ func (s *session) dispatch(data []byte, now time.Time) {
 		if err = json.Unmarshal(data, &r); err == nil {
 			s.deliver(r.ID, reply{at: now, users: r.Users})
 		}
+	case protocol.TypeWatchResult:
+		var r protocol.WatchResult
+		if err = json.Unmarshal(data, &r); err == nil {
+			s.deliver(r.ID, reply{at: now, users: r.Users})
+		}
+	case protocol.TypeTeamCounts:
+		var f protocol.TeamCounts
+		if err = json.Unmarshal(data, &f); err == nil {
+			c.applyTeamCounts(f)
+		}
 	case protocol.TypeReconnect:
 		var r protocol.Reconnect
 		if err = json.Unmarshal(data, &r); err == nil {

@@ -43,11 +43,11 @@ type timing struct {
 	ttl, heartbeat, grace time.Duration
 }
 
-func startNode(t *testing.T, redisURL, name string, tm timing) *node {
+func startNode(t *testing.T, redisURL, name string, tm timing, flags ...string) *node {
 	t.Helper()
-	p := nodetest.Start(t, binary, name, "--store", "redis", "--redis-url", redisURL,
+	p := nodetest.Start(t, binary, name, append([]string{"--store", "redis", "--redis-url", redisURL,
 		"--node-id", name, "--ttl", tm.ttl.String(), "--heartbeat-interval", tm.heartbeat.String(),
-		"--offline-grace", tm.grace.String())
+		"--offline-grace", tm.grace.String()}, flags...)...)
 	return &node{t: t, name: name, addr: p.Addr, proc: p, cmd: p.Cmd, done: p.Done, log: p.Log}
 }
 

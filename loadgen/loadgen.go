@@ -4,7 +4,7 @@
 // RSS, heap and CPU) and measures the nodes against greendot's performance goals
 // (docs/benchmarks.md).
 //
-// A run is one scenario (idle, heartbeat, fanout, churn, expiry, storm). A
+// A run is one scenario (idle, heartbeat, fanout, churn, expiry, storm, largeteam). A
 // driver runs the scenario's steps, scrapes the servers' metrics between
 // them and builds the Result; the connections live in workers, each owning
 // whole teams (so every viewer/subject pair is inside one worker). With one
@@ -96,7 +96,9 @@ type Options struct {
 }
 
 // Scenarios lists the scenario names, in the order docs/benchmarks.md gives them.
-func Scenarios() []string { return []string{"idle", "heartbeat", "fanout", "churn", "expiry", "storm"} }
+func Scenarios() []string {
+	return []string{"idle", "heartbeat", "fanout", "churn", "expiry", "storm", "largeteam"}
+}
 
 // withDefaults fills in defaults and checks o for scenario.
 func (o Options) withDefaults(scenario string) (Options, error) {

@@ -36,6 +36,7 @@ var drivers = map[string]func(context.Context, *driver) error{
 	"churn":     driveChurn,
 	"expiry":    driveExpiry,
 	"storm":     driveStorm,
+	"largeteam": driveLargeTeam,
 }
 
 // Run runs one scenario against the targets and returns its figures. On

@@ -22,13 +22,13 @@ const (
 
 // startServer runs a memory-store greendot node on a free port of
 // 127.0.0.1 until the test ends, and returns its ws:// base URL.
-func startServer(t *testing.T) string {
+func startServer(t *testing.T, mutate ...func(*server.Config)) string {
 	t.Helper()
 	st, err := memstore.New(memstore.Config{TTL: testTTL, Grace: testGrace})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{
+	cfg := server.Config{
 		Addr:              "127.0.0.1:0",
 		Store:             st,
 		TTL:               testTTL,
@@ -36,7 +36,11 @@ func startServer(t *testing.T) string {
 		Grace:             testGrace,
 		DrainSpread:       100 * time.Millisecond,
 		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	for _, f := range mutate {
+		f(&cfg)
+	}
+	srv, err := server.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +61,9 @@ func startServer(t *testing.T) string {
 // returns its result, failing the test on error.
 func runScenario(t *testing.T, scenario string, o Options) *Result {
 	t.Helper()
-	o.Targets = []string{startServer(t)}
+	if len(o.Targets) == 0 {
+		o.Targets = []string{startServer(t)}
+	}
 	o.TeamSize = 10
 	o.Grace = testGrace
 	o.Samplers = 2
@@ -185,4 +191,21 @@ func TestScenarioAcrossWorkers(t *testing.T) {
 	r := runScenario(t, "churn", Options{N: 60, Rate: 25, Duration: 2 * time.Second, Procs: 3, pipeWorkers: true})
 	expectPositive(t, r, "actions_leave", "deliveries_per_s", "real_transitions")
 	expectZero(t, r, "spurious_deliveries", "spurious_transitions", "missing_transitions")
+}
+
+func TestScenarioLargeTeam(t *testing.T) {
+	target := startServer(t, func(c *server.Config) { c.LargeTeam = 50 })
+	r := runScenario(t, "largeteam", Options{Targets: []string{target}, N: 20, Rounds: 5})
+	if got := fig(t, r, "team_size"); got != 20+2*largeWatched+1 {
+		t.Errorf("team_size = %v", got)
+	}
+	if got := fig(t, r, "watch_online"); got != largeWatched {
+		t.Errorf("watch_online = %v", got)
+	}
+	// Each change goes to its watcher alone: the unwatched one to nobody.
+	if got := fig(t, r, "fanout_per_change"); got > 1 {
+		t.Errorf("fanout_per_change = %v, want at most 1", got)
+	}
+	expectPositive(t, r, "change_p50_ms", "viewer_connect_ms", "watch_result_ms", "heap_per_member_b")
+	expectZero(t, r, "viewer_snapshot_users", "missing", "spurious")
 }

@@ -33,6 +33,7 @@ const (
 	mGraceCancel = "greendot_grace_cancellations_total"
 	mGraceStart  = "greendot_grace_started_total"
 	mRejected    = "greendot_frames_rejected_total"
+	mFanout      = "greendot_fanout_connections"
 )
 
 // Sample is one scrape of /metrics: each series ("name" or

@@ -60,6 +60,7 @@ var newHandlers = map[string]func(*workerEnv) handler{
 	"churn":     newChurnWorker,
 	"expiry":    newExpiryWorker,
 	"storm":     newStormWorker,
+	"largeteam": newFanoutWorker, // the members: one team, nothing measured on them
 }
 
 func newEnv(o *Options, index, count int) *workerEnv {

@@ -24,7 +24,9 @@ const (
 	TypeQueryResult  = "query_result"
 	TypeReconnect    = "reconnect"
 	TypeError        = "error"
-	TypeMyStatus     = "my_status" // v2: the user's own status, to their own connections
+	TypeMyStatus     = "my_status"    // v2: the user's own status, to their own connections
+	TypeWatchResult  = "watch_result" // v2: answers watch
+	TypeTeamCounts   = "team_counts"  // v2: member and online counts of large teams
 )
 
 // Frame types, client to server.
@@ -33,6 +35,8 @@ const (
 	TypeStatus    = "status"
 	TypeQuery     = "query"
 	TypeSetStatus = "set_status" // v2: the user's status, every device
+	TypeWatch     = "watch"      // v2: follow users of large teams
+	TypeUnwatch   = "unwatch"    // v2
 )
 
 // Presence states as they appear on the wire.
@@ -77,6 +81,13 @@ const (
 
 // MaxQueryIDs bounds the user ids of one query, over WebSocket and HTTP.
 const MaxQueryIDs = 500
+
+// MaxWatchIDs bounds the user ids of one watch or unwatch frame;
+// MaxWatched the users one connection watches at once.
+const (
+	MaxWatchIDs = 500
+	MaxWatched  = 2000
+)
 
 // MaxIDBytes bounds a user, team or device id (ValidID).
 const MaxIDBytes = 128
@@ -265,12 +276,48 @@ type Query struct {
 	UserIDs []string        `json:"user_ids"`
 }
 
+// Watch asks for the changes of up to MaxWatchIDs users (v2): the members
+// of large teams are sent to nobody who does not watch them.
+type Watch struct {
+	Type    string          `json:"type"`
+	ID      json.RawMessage `json:"id,omitempty"`
+	UserIDs []string        `json:"user_ids"`
+}
+
+// WatchResult answers a watch: the watched users' presence, as a query's.
+type WatchResult struct {
+	Type  string          `json:"type"`
+	ID    json.RawMessage `json:"id"`
+	Users []UserPresence  `json:"users"`
+}
+
+// Unwatch stops the changes of users watched before (v2).
+type Unwatch struct {
+	Type    string   `json:"type"`
+	UserIDs []string `json:"user_ids"`
+}
+
+// TeamCount is one large team's counts in a team_counts frame.
+type TeamCount struct {
+	TeamID      string `json:"team_id"`
+	MemberCount int    `json:"member_count"`
+	OnlineCount int    `json:"online_count"`
+}
+
+// TeamCounts tells a viewer the counts of its large teams (v2).
+type TeamCounts struct {
+	Type  string      `json:"type"`
+	Teams []TeamCount `json:"teams"`
+}
+
 // ClientFrame is a decoded client frame: exactly one of its pointers is set.
 type ClientFrame struct {
 	Heartbeat *Heartbeat
 	Status    *Status
 	Query     *Query
 	SetStatus *SetStatus
+	Watch     *Watch
+	Unwatch   *Unwatch
 }
 
 // DecodeError is a client frame the server refuses; Code is one of the Code constants.
@@ -343,6 +390,29 @@ func DecodeClientFrame(data []byte) (ClientFrame, error) {
 			return ClientFrame{}, err
 		}
 		f.Query = &Query{Type: TypeQuery, ID: raw.ID, UserIDs: raw.UserIDs}
+	case TypeWatch, TypeUnwatch:
+		if err := checkID(raw.ID); err != nil {
+			return ClientFrame{}, err
+		}
+		if raw.UserIDs == nil {
+			return ClientFrame{}, badRequest(`%s needs "user_ids", an array of strings`, *raw.Type)
+		}
+		if len(raw.UserIDs) > MaxWatchIDs {
+			return ClientFrame{}, badRequest("a %s frame takes at most %d user ids", *raw.Type, MaxWatchIDs)
+		}
+		if err := checkIntactIDs(data, raw.UserIDs); err != nil {
+			return ClientFrame{}, err
+		}
+		for _, id := range raw.UserIDs {
+			if !ValidID(id) {
+				return ClientFrame{}, badRequest(MsgBadWatchID)
+			}
+		}
+		if *raw.Type == TypeWatch {
+			f.Watch = &Watch{Type: TypeWatch, ID: raw.ID, UserIDs: raw.UserIDs}
+		} else {
+			f.Unwatch = &Unwatch{Type: TypeUnwatch, UserIDs: raw.UserIDs}
+		}
 	case TypeSetStatus:
 		if raw.Mode == nil || !ValidMode(*raw.Mode) {
 			return ClientFrame{}, badRequest(`set_status "mode" must be "auto", "dnd" or "invisible"`)
@@ -389,6 +459,9 @@ func checkIntactIDs(data []byte, ids []string) error {
 // MsgBadQueryID is the message of a query with an invalid id, whether the
 // decoder or the id check finds it.
 const MsgBadQueryID = "query: every user id must be 1-128 bytes of printable UTF-8"
+
+// MsgBadWatchID is the message of a watch or unwatch with an invalid id.
+const MsgBadWatchID = "watch: every user id must be 1-128 bytes of printable UTF-8"
 
 // IntactString reports whether decoding the JSON string raw into s lost
 // nothing: encoding/json turns invalid UTF-8 and lone surrogate escapes

@@ -24,14 +24,17 @@ type localUser struct {
 // events to them (route.go, resync.go). It implements store.Handler. The
 // flusher writes what it queues; the worker runs its store queries.
 type hub struct {
-	srv   *Server
-	flush *flusher
-	work  *worker
-	views *views // what local viewers hold; nil unless the store is shared
+	srv    *Server
+	flush  *flusher
+	work   *worker
+	views  *views   // what local viewers hold; nil unless the store is shared
+	watch  *watches // who watches whom (large teams, largeteams.go)
+	counts *counts  // large teams' counts and what viewers were told
 
 	mu     sync.RWMutex
 	users  map[string]*localUser
 	byTeam map[string]map[*localUser]struct{}
+	large  map[string]bool // teams with local members that are large (largeteams.go)
 	nconns int
 }
 
@@ -47,6 +50,9 @@ func newHub(s *Server) *hub {
 		work:   newWorker(s),
 		users:  make(map[string]*localUser),
 		byTeam: make(map[string]map[*localUser]struct{}),
+		large:  make(map[string]bool),
+		watch:  newWatches(),
+		counts: newCounts(),
 	}
 	if _, shared := s.store.(store.Watcher); shared {
 		h.views = newViews()
@@ -84,7 +90,11 @@ func (h *hub) loadTeams(ctx context.Context, lu *localUser) error {
 		if err != nil {
 			return err
 		}
-		if err := h.watch(ctx, teams); err != nil {
+		large, err := h.classify(ctx, teams)
+		if err != nil {
+			return err
+		}
+		if err := h.watchTeams(ctx, teams); err != nil {
 			return err
 		}
 		h.mu.Lock()
@@ -99,7 +109,7 @@ func (h *hub) loadTeams(ctx context.Context, lu *localUser) error {
 		}
 		lu.teams = make(map[string]struct{}, len(teams))
 		for _, t := range teams {
-			h.joinLocked(lu, t)
+			h.joinLocked(lu, t, large[t])
 		}
 		h.mu.Unlock()
 		return nil
@@ -117,14 +127,18 @@ func (h *hub) readTeams(ctx context.Context, lu *localUser) ([]string, uint64, e
 	return teams, gen, err
 }
 
-// joinLocked indexes lu under team; it reports whether team is new here.
-func (h *hub) joinLocked(lu *localUser, team string) bool {
+// joinLocked indexes lu under team; it reports whether team is new here,
+// and then makes it a large team if large.
+func (h *hub) joinLocked(lu *localUser, team string, large bool) bool {
 	lu.teams[team] = struct{}{}
 	set := h.byTeam[team]
 	created := set == nil
 	if created {
 		set = make(map[*localUser]struct{})
 		h.byTeam[team] = set
+		if large {
+			h.markLargeLocked(team)
+		}
 	}
 	set[lu] = struct{}{}
 	return created
@@ -137,6 +151,7 @@ func (h *hub) leaveLocked(lu *localUser, team string) bool {
 		delete(set, lu)
 		if len(set) == 0 {
 			delete(h.byTeam, team)
+			h.forgetLargeLocked(team)
 			if h.views != nil {
 				h.views.dropTeam(team)
 			}
@@ -146,10 +161,10 @@ func (h *hub) leaveLocked(lu *localUser, team string) bool {
 	return false
 }
 
-// watch asks a shared store for the events of teams, once per local user and
+// watchTeams asks a shared store for the events of teams, once per local user and
 // team; unwatchLater (on the worker) gives them back. The store counts, and
 // subscribes a team's channel while its count is positive.
-func (h *hub) watch(ctx context.Context, teams []string) error {
+func (h *hub) watchTeams(ctx context.Context, teams []string) error {
 	w, ok := h.srv.store.(store.Watcher)
 	if !ok || len(teams) == 0 {
 		return nil
@@ -168,7 +183,12 @@ func (h *hub) unwatchLater(teams []string) {
 // joinWatched indexes a local user under a team they joined, once the team
 // is watched, if they are still connected here and still a member.
 func (h *hub) joinWatched(ctx context.Context, lu *localUser, team string) {
-	if err := h.watch(ctx, []string{team}); err != nil {
+	large, err := h.classify(ctx, []string{team})
+	if err != nil {
+		h.srv.log.Warn("watch team", "err", err)
+		return
+	}
+	if err := h.watchTeams(ctx, []string{team}); err != nil {
 		h.srv.log.Warn("watch team", "err", err)
 		return
 	}
@@ -188,7 +208,10 @@ func (h *hub) joinWatched(ctx context.Context, lu *localUser, team string) {
 		_, member := lu.teams[team]
 		ok := h.users[lu.id] == lu && lu.teams != nil && !member && slices.Contains(teams, team)
 		if ok {
-			h.joinLocked(lu, team)
+			h.joinLocked(lu, team, large[team])
+			if h.large[team] {
+				h.countConnsLocked(lu)
+			}
 		}
 		h.mu.Unlock()
 		if !ok {
@@ -206,6 +229,7 @@ func (h *hub) remove(c *client) {
 	if !ok {
 		return
 	}
+	h.dropConnLocked(c)
 	for i, x := range lu.conns {
 		if x == c {
 			lu.conns = append(lu.conns[:i], lu.conns[i+1:]...)

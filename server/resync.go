@@ -61,6 +61,9 @@ func (h *hub) resync(floor func(string) uint64) {
 		h.applyMissedMembership(team, truth, gens)
 		at := h.srv.cfg.Now()
 		now := at.UnixMilli()
+		if h.resyncLarge(team, truth, at) {
+			continue
+		}
 		h.mu.RLock()
 		members := h.byTeam[team]
 		var diff []presence.Change

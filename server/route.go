@@ -21,15 +21,27 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 	routed := h.views == nil
 	n := 0
 	var seen map[*localUser]struct{}
-	if len(ev.Teams) > 1 {
+	watched := h.watch.watched(ch.UserID)
+	if len(ev.Teams) > 1 || watched {
 		seen = make(map[*localUser]struct{})
 	}
 	h.mu.RLock()
+	h.tallyChangeLocked(ev)
+	// Large teams' members reach only their watchers (routeWatchersLocked).
 	teams := ev.Teams
-	var deliver []bool
-	if h.views != nil {
+	if len(h.large) > 0 {
 		teams = make([]string, 0, len(ev.Teams))
 		for _, t := range ev.Teams {
+			if !h.large[t] {
+				teams = append(teams, t)
+			}
+		}
+	}
+	var deliver []bool
+	if h.views != nil {
+		all := teams
+		teams = make([]string, 0, len(all))
+		for _, t := range all {
 			if len(h.byTeam[t]) > 0 {
 				teams = append(teams, t)
 			}
@@ -58,6 +70,11 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 			}
 		}
 	}
+	if watched {
+		w := h.routeWatchersLocked(ev, ch, seen)
+		routed = routed || w > 0
+		n += w
+	}
 	h.mu.RUnlock()
 	if routed {
 		h.srv.metrics.changes.WithLabelValues(ch.State).Inc()
@@ -69,14 +86,28 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 // other at once; after a removal nothing more passes between users who no
 // longer share a team.
 func (h *hub) OnMembership(ev store.MembershipEvent) {
-	others := make(map[string]struct{}, len(ev.UserTeams))
-	for _, t := range ev.UserTeams {
-		if t != ev.Team {
-			others[t] = struct{}{}
-		}
-	}
 	var leftViews map[string]uint64 // the subject left: what its members held
 	h.mu.Lock()
+	// others: the subject's other teams through which a viewer sees them
+	// unwatched, the small ones; allOthers for a viewer who watches them.
+	others := make(map[string]struct{}, len(ev.UserTeams))
+	allOthers := make(map[string]struct{}, len(ev.UserTeams))
+	for _, t := range ev.UserTeams {
+		if t != ev.Team {
+			allOthers[t] = struct{}{}
+			if !h.large[t] {
+				others[t] = struct{}{}
+			}
+		}
+	}
+	large := h.large[ev.Team]
+	if large {
+		h.tallyMembershipLocked(ev)
+	}
+	watching := make(map[*client]struct{})
+	for _, c := range h.watch.watchersOf(ev.UserID) {
+		watching[c] = struct{}{}
+	}
 	subject := h.users[ev.UserID]
 	if subject != nil && subject.teams != nil {
 		subject.gen++
@@ -105,7 +136,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	}
 	given := false  // the members hold shown or newer: nothing to push
 	var held uint64 // after a removal: the version the members may hold
-	if h.views != nil && h.byTeam[ev.Team] != nil {
+	if h.views != nil && h.byTeam[ev.Team] != nil && !large {
 		cur, ok := h.views.get(ev.Team, ev.UserID)
 		switch {
 		case !ev.Joined:
@@ -121,24 +152,45 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			h.views.read(ev.Team, shown, false)
 		}
 	}
-	for lu := range h.byTeam[ev.Team] {
-		if lu.id == ev.UserID || sharesSet(lu.teams, others) {
-			continue // could see the subject already, and still can
-		}
-		for _, c := range lu.conns {
-			if ev.Joined {
-				if stale, was := c.unhide(ev.UserID); !given && (stale || shown.State != presence.Offline) {
-					if ch, ok := catchUp(shown, was, h.srv.cfg.Now()); ok {
-						c.push(ch, true)
+	// The viewers told: in a large team, only the subject's watchers.
+	viewers := func(yield func(*localUser, *client) bool) {
+		if large {
+			for _, c := range h.watch.watchersOf(ev.UserID) {
+				if lu := h.users[c.user]; lu != nil {
+					if _, in := h.byTeam[ev.Team][lu]; in && !yield(lu, c) {
+						return
 					}
 				}
-			} else {
-				c.hide(ev.UserID, held)
+			}
+			return
+		}
+		for lu := range h.byTeam[ev.Team] {
+			for _, c := range lu.conns {
+				if !yield(lu, c) {
+					return
+				}
 			}
 		}
 	}
+	for lu, c := range viewers {
+		if lu.id == ev.UserID || sharesSet(lu.teams, others) {
+			continue // could see the subject already, and still can
+		}
+		if _, w := watching[c]; w && sharesSet(lu.teams, allOthers) {
+			continue // watches the subject, and still shares a team
+		}
+		if ev.Joined {
+			if stale, was := c.unhide(ev.UserID); !given && (stale || shown.State != presence.Offline) {
+				if ch, ok := catchUp(shown, was, h.srv.cfg.Now()); ok {
+					c.push(ch, true)
+				}
+			}
+		} else {
+			c.hide(ev.UserID, held)
+		}
+	}
 	h.mu.Unlock()
-	if subject != nil {
+	if subject != nil && !large {
 		// The subject's own connections need the other side: store queries,
 		// so done off the event path.
 		h.work.enqueue(func(ctx context.Context) { h.reconcileSubject(ctx, ev, others, leftViews) })
@@ -150,6 +202,12 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 // share a team with.
 func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, others map[string]struct{}, held map[string]uint64) {
 	s := h.srv
+	h.mu.RLock()
+	large := h.large[ev.Team]
+	h.mu.RUnlock()
+	if large {
+		return // a large team's members are not sent: the subject watches whom it wants
+	}
 	members, err := s.store.Members(ctx, ev.Team)
 	if err != nil {
 		s.log.Warn("membership reconcile", "err", err)

@@ -75,6 +75,10 @@ type Config struct {
 	// MaxConnectionsPerUser bounds one user's live connections on this node
 	// (not across nodes): the next connect gets 429. 20; <0 unlimited.
 	MaxConnectionsPerUser int
+	// LargeTeam: a team of more than this many members is large (DESIGN.md
+	// Part 1b): its members reach a viewer only while watched, and viewers
+	// get team_counts. 1000; <0 no team is large.
+	LargeTeam int
 	// AllowedOrigins, when not empty, lists the only Origin values (exact
 	// scheme://host[:port], see ParseOrigins) an upgrade may carry; an
 	// upgrade without Origin (not from a browser) is let through.
@@ -157,6 +161,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxConnectionsPerUser == 0 {
 		cfg.MaxConnectionsPerUser = 20
+	}
+	if cfg.LargeTeam == 0 {
+		cfg.LargeTeam = 1000
 	}
 	origins := make(map[string]struct{}, len(cfg.AllowedOrigins))
 	for _, o := range cfg.AllowedOrigins {
@@ -289,7 +296,8 @@ func (s *Server) Start() error {
 	s.adm.measure()
 	s.ln = ln
 	s.addr = ln.Addr().String()
-	s.wg.Add(4)
+	s.wg.Add(5)
+	go s.countsLoop()
 	go s.acceptLoop(ln)
 	go s.sweepLoop()
 	go s.hub.flush.loop()

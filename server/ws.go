@@ -226,7 +226,8 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	c.welcomed = true
 	c.welcomeStatusLocked(myStatusFrame(own[0].Status, own[0].Version))
 	c.mu.Unlock()
-	snap, members, err := s.snapshot(ctx, c.user, teams)
+	// A large team's members are not in the snapshot: team_counts follow it.
+	snap, members, err := s.snapshot(ctx, c.user, s.hub.smallTeams(teams))
 	if errors.Is(err, store.ErrRecovering) {
 		// Redis lost its data: the snapshot would lack the users of nodes
 		// not written back yet. The client reconnects.
@@ -240,6 +241,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	}
 	s.hub.noteSnapshot(c.user, members, snap)
 	c.sendSnapshot(snap)
+	s.hub.afterSnapshot(c)
 	if !id.expiry.IsZero() {
 		c.setExpiry(id.expiry.Sub(now))
 	}
@@ -453,12 +455,16 @@ func (s *Server) timed(op string, f func() error) error {
 	return err
 }
 
-// isQuery reports whether a frame is a query, by its "type" alone.
-func isQuery(data []byte) bool {
+// mayBeBig reports whether a frame may pass MaxSmallFrame, by its "type"
+// alone: a query, watch or unwatch of 500 ids.
+func mayBeBig(data []byte) bool {
 	var f struct {
 		Type string `json:"type"`
 	}
-	return json.Unmarshal(data, &f) == nil && f.Type == protocol.TypeQuery
+	if json.Unmarshal(data, &f) != nil {
+		return false
+	}
+	return f.Type == protocol.TypeQuery || f.Type == protocol.TypeWatch || f.Type == protocol.TypeUnwatch
 }
 
 // onMessage handles one client frame. nbio calls it serially per connection.
@@ -481,9 +487,9 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 	if !c.allow(now, 1) {
 		return
 	}
-	if len(data) > protocol.MaxSmallFrame && !isQuery(data) {
-		// The contract's 4 KiB holds for every frame but a query, which
-		// nbio reads up to MaxFrameSize for its 500 ids.
+	if len(data) > protocol.MaxSmallFrame && !mayBeBig(data) {
+		// The contract's 4 KiB holds for every frame but a query, watch or
+		// unwatch, which nbio reads up to MaxFrameSize for their 500 ids.
 		c.closeWith(protocol.CloseTooBig, "message exceeds the configured limit")
 		return
 	}
@@ -547,6 +553,21 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 			}
 		}
 		s.answerQuery(ctx, c, f.Query)
+	case f.Watch != nil:
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.metrics.frames.WithLabelValues(protocol.TypeWatch).Inc()
+		// Priced as a query (DESIGN.md, Limits): it reads as much.
+		if extra := queryCost(len(f.Watch.UserIDs)) - 1; extra > 0 {
+			c.limited = streak
+			if !c.allow(now, extra) {
+				return
+			}
+		}
+		s.answerWatch(ctx, c, f.Watch)
+	case f.Unwatch != nil:
+		s.metrics.frames.WithLabelValues(protocol.TypeUnwatch).Inc()
+		s.hub.watch.remove(c, f.Unwatch.UserIDs)
 	}
 }
 
@@ -595,15 +616,30 @@ func (s *Server) answerQuery(ctx context.Context, c *client, q *protocol.Query) 
 			return
 		}
 	}
-	shared, err := s.sharesTeamWith(ctx, c.user, q.UserIDs)
-	if err != nil {
-		c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: "store unavailable"})
+	users, e := s.presenceFor(ctx, c, q.UserIDs)
+	if e != nil {
+		c.writeJSON(*e)
 		return
 	}
-	users := make([]protocol.UserPresence, len(q.UserIDs))
+	id := q.ID
+	if len(id) == 0 {
+		id = json.RawMessage("null")
+	}
+	c.writeJSON(protocol.QueryResult{Type: protocol.TypeQueryResult, ID: id, Users: users})
+}
+
+// presenceFor is what c may see of each of ids: the presence of its
+// teammates (and its own), "unknown" for the others; or the error frame
+// to answer.
+func (s *Server) presenceFor(ctx context.Context, c *client, ids []string) ([]protocol.UserPresence, *protocol.Error) {
+	shared, err := s.sharesTeamWith(ctx, c.user, ids)
+	if err != nil {
+		return nil, &protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: "store unavailable"}
+	}
+	users := make([]protocol.UserPresence, len(ids))
 	var visible []string
 	var visibleAt []int
-	for i, id := range q.UserIDs {
+	for i, id := range ids {
 		users[i] = protocol.UserPresence{UserID: id, State: protocol.StateUnknown}
 		if id == c.user || shared[id] {
 			visible = append(visible, id)
@@ -611,24 +647,18 @@ func (s *Server) answerQuery(ctx context.Context, c *client, q *protocol.Query) 
 		}
 	}
 	if len(visible) > 0 && s.intact() != nil {
-		c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: msgRecovering})
-		return
+		return nil, &protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: msgRecovering}
 	}
 	if len(visible) > 0 {
 		ps, err := s.store.Presence(ctx, visible)
 		if err != nil {
-			c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: "store unavailable"})
-			return
+			return nil, &protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: "store unavailable"}
 		}
 		for j, p := range ps {
 			users[visibleAt[j]] = viewerPresence(p)
 		}
 	}
-	id := q.ID
-	if len(id) == 0 {
-		id = json.RawMessage("null")
-	}
-	c.writeJSON(protocol.QueryResult{Type: protocol.TypeQueryResult, ID: id, Users: users})
+	return users, nil
 }
 
 // queryCost is the rate tokens a query of n ids costs: one per 10 ids, at

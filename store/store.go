@@ -169,6 +169,13 @@ type Resyncer interface {
 	OnResync(floor func(userID string) uint64)
 }
 
+// MemberCounter is implemented by stores that count a team's members
+// without listing them: a node decides with it whether a team is large
+// (--large-team) when its first local member connects.
+type MemberCounter interface {
+	MemberCount(ctx context.Context, team string) (int, error)
+}
+
 // StateReader is implemented by stores that read states and versions alone,
 // cheaper than full presence: a snapshot needs nothing else.
 type StateReader interface {

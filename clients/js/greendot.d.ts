@@ -153,6 +153,14 @@ export interface UserPresence {
   since?: number | null;
 }
 
+/** v2: a large team's counts, from team_counts. */
+export interface TeamCount {
+  teamId: string;
+  memberCount: number;
+  /** Members not offline: online, away or dnd. */
+  onlineCount: number;
+}
+
 export interface StateInfo {
   previous: ConnectionStateName;
   /** With 'reconnecting': how long until the next attempt. */
@@ -201,6 +209,20 @@ export declare class GreendotClient {
   /** The user's status on every device (v2): replaces the previous one whole. */
   setStatus(status: UserStatusInput): void;
   query(userIds: string[]): Promise<UserPresence[]>;
+  /**
+   * v2, large teams: watches up to 500 users a call (2000 in all) and
+   * resolves with their presence now, as query(); their changes then come
+   * through onChange and get(). Watched again after every reconnect.
+   */
+  watch(userIds: string[]): Promise<UserPresence[]>;
+  /** Stops watching users (up to 500 a call). */
+  unwatch(userIds: string[]): void;
+  /** The users watched, sorted. */
+  readonly watched: string[];
+  /** The counts of the viewer's large teams, as last told, sorted by team. */
+  readonly teamCounts: TeamCount[];
+  /** Called with the teams of each team_counts frame. */
+  onTeamCounts(cb: (teams: TeamCount[]) => void): () => void;
 }
 
 /** Creates a client and connects it. */

@@ -27,6 +27,13 @@ export const CloseCode = Object.freeze({
 });
 
 const MAX_QUERY_IDS = 500;
+// v2, large teams: ids per watch frame, users watched per connection; the
+// watches sent again on a new connection go 100 ids (10 rate tokens) per
+// 600 ms, under the server's 20 tokens a second.
+const MAX_WATCH_IDS = 500;
+const MAX_WATCHED = 2000;
+const REWATCH_BATCH = 100;
+const REWATCH_EVERY_MS = 600;
 const DEFAULTS = Object.freeze({
   device: 'web',
   heartbeatJitter: [0.7, 1.0],
@@ -77,7 +84,7 @@ export class GreendotClient {
     this._idleAfterMs = o.idleAfterMs;
     this._idleOption = o.idle ?? 'auto';
 
-    this._listeners = { change: new Set(), state: new Set(), error: new Set(), myStatus: new Set() };
+    this._listeners = { change: new Set(), state: new Set(), error: new Set(), myStatus: new Set(), teamCounts: new Set() };
     this._presence = new Map(); // user id → { userId, state, version, at }
     this._queries = new Map(); // query id → { frame, resolve, reject, timer }
     this._querySeq = 0;
@@ -105,6 +112,9 @@ export class GreendotClient {
     this._idleCleanup = null;
 
     this._myStatus = null; // the user's status from the last my_status (v2)
+    this._watched = new Set(); // users watched (v2), watched again on every new connection
+    this._teamCounts = new Map(); // team id → { teamId, memberCount, onlineCount }
+    this._rewatchTimer = null;
     this._pendingUserStatus = null; // a set_status asked for while not open
 
     this.userId = null;
@@ -138,7 +148,8 @@ export class GreendotClient {
     clearTimeout(this._reconnectTimer);
     clearTimeout(this._heartbeatTimer);
     clearTimeout(this._restartTimer);
-    this._reconnectTimer = this._heartbeatTimer = this._restartTimer = null;
+    clearTimeout(this._rewatchTimer);
+    this._reconnectTimer = this._heartbeatTimer = this._restartTimer = this._rewatchTimer = null;
     if (this._idleCleanup) { this._idleCleanup(); this._idleCleanup = null; }
     const ws = this._ws;
     this._ws = null;
@@ -246,6 +257,81 @@ export class GreendotClient {
     });
   }
 
+  /**
+   * Watches users of large teams (v2): up to 500 ids a call, 2000 in all.
+   * Resolves with their presence now, like query(); their changes then come
+   * through onChange and get(). Watched again after every reconnect.
+   */
+  watch(userIds) {
+    if (!Array.isArray(userIds) || userIds.some((u) => typeof u !== 'string')) {
+      return Promise.reject(new TypeError('greendot: watch takes an array of user ids'));
+    }
+    if (userIds.length > MAX_WATCH_IDS) {
+      return Promise.reject(new RangeError(`greendot: a watch takes at most ${MAX_WATCH_IDS} user ids`));
+    }
+    const fresh = new Set(userIds.filter((u) => !this._watched.has(u)));
+    if (this._watched.size + fresh.size > MAX_WATCHED) {
+      return Promise.reject(new RangeError(`greendot: a connection watches at most ${MAX_WATCHED} users; unwatch some first`));
+    }
+    if (!this._wanted) return Promise.reject(new Error('greendot: client is not connected; call connect() first'));
+    for (const u of userIds) this._watched.add(u);
+    return this._request('w', (id) => ({ type: 'watch', id, user_ids: userIds }));
+  }
+
+  /** Stops watching users (up to 500 ids a call). */
+  unwatch(userIds) {
+    if (!Array.isArray(userIds) || userIds.some((u) => typeof u !== 'string')) {
+      throw new TypeError('greendot: unwatch takes an array of user ids');
+    }
+    if (userIds.length > MAX_WATCH_IDS) {
+      throw new RangeError(`greendot: an unwatch takes at most ${MAX_WATCH_IDS} user ids`);
+    }
+    for (const u of userIds) this._watched.delete(u);
+    if (this._state === ConnectionState.OPEN && userIds.length > 0) this._send({ type: 'unwatch', user_ids: userIds });
+  }
+
+  /** The users watched, sorted. */
+  get watched() { return [...this._watched].sort(); }
+
+  /** The counts of the viewer's large teams, as the server last told them, sorted by team. */
+  get teamCounts() {
+    return [...this._teamCounts.values()].sort((a, b) => (a.teamId < b.teamId ? -1 : a.teamId > b.teamId ? 1 : 0)).map((c) => ({ ...c }));
+  }
+
+  /** Calls cb with the teams of each team_counts frame. Returns an unsubscribe function. */
+  onTeamCounts(cb) { return this._on('teamCounts', cb); }
+
+  // _request sends a frame with an id and resolves with its answer's users;
+  // it is sent again on the next connection if this one ends first.
+  _request(prefix, make, again = false) {
+    const id = `${prefix}${++this._querySeq}`;
+    return new Promise((resolve, reject) => {
+      const frame = make(id);
+      const timer = setTimeout(() => {
+        this._queries.delete(id);
+        reject(new Error(`greendot: ${frame.type} ${id} timed out after ${this._queryTimeoutMs} ms`));
+      }, this._queryTimeoutMs);
+      this._queries.set(id, { frame, resolve, reject, timer, again });
+      if (this._state === ConnectionState.OPEN) this._send(frame);
+    });
+  }
+
+  _rewatch() {
+    clearTimeout(this._rewatchTimer);
+    this._rewatchTimer = null;
+    const ids = this.watched;
+    const gen = this._generation;
+    const step = (start) => {
+      if (gen !== this._generation || this._state !== ConnectionState.OPEN || start >= ids.length) return;
+      const batch = ids.slice(start, start + REWATCH_BATCH).filter((u) => this._watched.has(u));
+      if (batch.length > 0) {
+        this._request('w', (id) => ({ type: 'watch', id, user_ids: batch }), true).catch(() => { /* the next connection tries again */ });
+      }
+      this._rewatchTimer = setTimeout(() => step(start + REWATCH_BATCH), REWATCH_EVERY_MS);
+    };
+    step(0);
+  }
+
   // ——— connection ———
 
   async _dial() {
@@ -300,6 +386,8 @@ export class GreendotClient {
       case 'snapshot': return this._onSnapshot(f.users ?? []);
       case 'presence': return this._applyChanges(f.changes ?? []);
       case 'query_result': return this._onQueryResult(f);
+      case 'watch_result': return this._onWatchResult(f);
+      case 'team_counts': return this._onTeamCounts(f);
       case 'reconnect': return this._onReconnectFrame(f);
       case 'error': return this._emitError({ code: f.code, message: f.message });
       case 'heartbeat_ack': return undefined;
@@ -320,6 +408,7 @@ export class GreendotClient {
     if (this._pendingUserStatus && this._send(this._pendingUserStatus)) this._pendingUserStatus = null;
     for (const q of this._queries.values()) this._send(q.frame);
     this._scheduleHeartbeat();
+    this._rewatch();
   }
 
   _onClose(code, reason) {
@@ -328,6 +417,8 @@ export class GreendotClient {
     if (ws) detach(ws);
     clearTimeout(this._heartbeatTimer);
     this._heartbeatTimer = null;
+    clearTimeout(this._rewatchTimer);
+    this._rewatchTimer = null;
     const wasOpen = this._state === ConnectionState.OPEN;
     if (!this._wanted) return;
     const now = monotonic();
@@ -439,7 +530,7 @@ export class GreendotClient {
     // A snapshot replaces: whoever it leaves out is offline. Their entries go, so
     // that versions restarting (a fresh single-node server) are accepted again.
     for (const [id, prev] of this._presence) {
-      if (seen.has(id)) continue;
+      if (seen.has(id) || this._watched.has(id)) continue; // watched users are not in snapshots
       this._presence.delete(id);
       if (prev.state !== 'offline') changes.push({ userId: id, state: 'offline', version: prev.version, at: now, previous: prev.state });
     }
@@ -463,6 +554,39 @@ export class GreendotClient {
     if (this._myStatus && !(f.version >= this._myStatus.version)) return; // older: drop
     this._myStatus = { mode: f.mode, text: f.text ?? '', emoji: f.emoji ?? '', expiresAt: f.expires_at ?? null, version: f.version };
     this._emit('myStatus', { ...this._myStatus });
+  }
+
+  _onWatchResult(f) {
+    const q = this._queries.get(f.id);
+    if (!q) return;
+    this._queries.delete(f.id);
+    clearTimeout(q.timer);
+    const users = f.users ?? [];
+    const list = [];
+    for (const u of users) {
+      if (!u || u.state === 'unknown' || u.user_id === this.userId || typeof u.version !== 'number') continue;
+      if (q.again) {
+        // Watched again on a new connection: a fresh read, whatever the
+        // versions held (a restarted server may count from 1 again).
+        const prev = this._presence.get(u.user_id);
+        if (prev && sameLook(prev, { state: u.state, ...shown(u) })) { prev.version = u.version; continue; }
+        if (prev) prev.version = -1;
+      }
+      list.push({ ...u, at: u.since ?? undefined });
+    }
+    this._applyChanges(list);
+    q.resolve(users.map(userPresence));
+  }
+
+  _onTeamCounts(f) {
+    const teams = [];
+    for (const t of f.teams ?? []) {
+      if (!t || typeof t.team_id !== 'string') continue;
+      const c = { teamId: t.team_id, memberCount: t.member_count, onlineCount: t.online_count };
+      this._teamCounts.set(c.teamId, c);
+      teams.push({ ...c });
+    }
+    if (teams.length > 0) this._emit('teamCounts', teams);
   }
 
   _onQueryResult(f) {

@@ -33,6 +33,10 @@ table, then one JSON object, of what it measured. Scenarios:
              ttl + grace
   storm      all N connections cut at once, back within --window: time to
              settle, changes per viewer per subject, heartbeat ack p99
+  largeteam  N members of one large team (start the server with
+             --large-team below N+101), a viewer watching 50 of them:
+             its connect and snapshot, team_counts, watch_result, then
+             --rounds changes: latency, fan-out per change, heap per member
   abuse      hostile floods against one node, one after the other: CPU,
              peak RSS and a bystander's heartbeat ack p99 per flood
              (greendot bench abuse -h: its own flags)

@@ -21,6 +21,7 @@ func TestLimitFlagsAreChecked(t *testing.T) {
 		want string
 	}{
 		{nil, []string{"serve", "--max-connections-per-user", "-1"}, "greendot: --max-connections-per-user must be 0 (unlimited) or more, got -1\n"},
+		{nil, []string{"serve", "--large-team", "-1"}, "greendot: --large-team must be 0 (no team is large) or more, got -1\n"},
 		{[]string{"GREENDOT_ALLOWED_ORIGINS=https://a.example.com,a.example.com"}, []string{"serve"},
 			`greendot: --allowed-origins: "a.example.com" is not an origin: want scheme://host[:port], e.g. https://app.example.com, with no path` + "\n"},
 		{nil, []string{"serve", "--allowed-origins", "https://a.example.com/"}, `greendot: --allowed-origins: "https://a.example.com/" is not an origin`},

@@ -95,6 +95,7 @@ type serveOptions struct {
 	pprofAddr         string
 	maxConnecting     int
 	maxUserConns      int
+	largeTeam         int
 	allowedOrigins    string
 	handshakeTimeout  time.Duration
 	maxUnauthPerIP    int
@@ -128,6 +129,7 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	durationVar(fs, &o.logRepeat, "log-repeat-interval", 10*time.Second, "a log line repeated within this `duration` is held back and counted in one summary line per interval; 0 = log every line")
 	fs.IntVar(&o.maxConnecting, "max-connecting", 64, "connects a node registers at once; more wait up to 3s, then get 503")
+	fs.IntVar(&o.largeTeam, "large-team", 1000, "a team of more than this many members is large: viewers get its members only when they watch them, and team_counts; 0 = no team is large")
 	fs.IntVar(&o.maxUserConns, "max-connections-per-user", 20, "live connections one user may hold on this node (per node, not cluster-wide); the next gets 429; 0 = unlimited")
 	fs.StringVar(&o.allowedOrigins, "allowed-origins", "", "comma-separated origins (exact scheme://host[:port]) whose pages may open WebSockets; empty = any")
 	durationVar(fs, &o.handshakeTimeout, "handshake-timeout", 5*time.Second, "a socket must send a whole request head within this `duration` of its accept, or of its previous response")
@@ -188,6 +190,8 @@ func (o *serveOptions) validate() error {
 		return fmt.Errorf("--handshake-timeout must be positive, got %v", o.handshakeTimeout)
 	case o.maxUnauthPerIP < 0:
 		return fmt.Errorf("--max-unauthenticated-per-ip must be 0 (unlimited) or more, got %d", o.maxUnauthPerIP)
+	case o.largeTeam < 0:
+		return fmt.Errorf("--large-team must be 0 (no team is large) or more, got %d", o.largeTeam)
 	case o.maxUserConns < 0:
 		return fmt.Errorf("--max-connections-per-user must be 0 (unlimited) or more, got %d", o.maxUserConns)
 	case o.jwtSecret == "" && (o.jwtAudience != "" || o.jwtIssuer != ""):
@@ -317,6 +321,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		defer sender.Stop() // before the store closes: deferred after it
 	}
 
+	largeTeam := o.largeTeam
+	if largeTeam == 0 {
+		largeTeam = -1 // the flag's 0 is none; Config's 0 means its default
+	}
 	userConns := o.maxUserConns
 	if userConns == 0 {
 		userConns = -1 // the flag's 0 is unlimited; Config's 0 means its default
@@ -338,6 +346,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		APIKey:                  o.apiKey,
 		MaxConnecting:           o.maxConnecting,
 		MaxConnectionsPerUser:   userConns,
+		LargeTeam:               largeTeam,
 		AllowedOrigins:          o.origins,
 		HandshakeTimeout:        o.handshakeTimeout,
 		MaxUnauthenticatedPerIP: unauthPerIP,

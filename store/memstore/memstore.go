@@ -211,6 +211,13 @@ func (s *Store) Members(_ context.Context, team string) ([]string, error) {
 	return m, nil
 }
 
+// MemberCount implements store.MemberCounter.
+func (s *Store) MemberCount(_ context.Context, team string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.teams[team]), nil
+}
+
 func (s *Store) membership(team, user string, join bool) error {
 	s.mu.Lock()
 	members := s.teams[team]

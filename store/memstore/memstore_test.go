@@ -139,3 +139,25 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// MemberCount counts a team's members.
+func TestMemberCount(t *testing.T) {
+	ctx := context.Background()
+	s, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"alice", "bob", "carol", "bob"} {
+		if err := s.AddMember(ctx, "t1", u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.RemoveMember(ctx, "t1", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	for team, want := range map[string]int{"t1": 2, "none": 0} {
+		if n, err := s.MemberCount(ctx, team); err != nil || n != want {
+			t.Fatalf("MemberCount(%s) = %d, %v; want %d", team, n, err, want)
+		}
+	}
+}

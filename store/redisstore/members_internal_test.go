@@ -82,3 +82,19 @@ func TestRemovalAfterDataLossIsPublished(t *testing.T) {
 		return nil
 	})
 }
+
+// MemberCount counts the team's set without reading it.
+func TestMemberCount(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", time.Second, 0)
+	for _, u := range []string{"alice", "bob", "carol", "bob"} {
+		must(t, s.AddMember(ctx, "t1", u))
+	}
+	must(t, s.RemoveMember(ctx, "t1", "carol"))
+	for team, want := range map[string]int{"t1": 2, "none": 0} {
+		if n, err := s.MemberCount(ctx, team); err != nil || n != want {
+			t.Fatalf("MemberCount(%s) = %d, %v; want %d", team, n, err, want)
+		}
+	}
+}

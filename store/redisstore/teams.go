@@ -177,6 +177,15 @@ func (s *Store) TeamsOfMany(ctx context.Context, userIDs []string) ([][]string, 
 	return out, nil
 }
 
+// MemberCount implements store.MemberCounter: SCARD, O(1).
+func (s *Store) MemberCount(ctx context.Context, team string) (int, error) {
+	n, err := s.rdb.SCard(ctx, teamKey(team)).Result()
+	if err != nil {
+		return 0, s.failed(store.OpQuery, fmt.Errorf("redisstore: member count: %w", errors.Join(ErrUnavailable, err)))
+	}
+	return int(n), nil
+}
+
 // Members implements store.Teams.
 func (s *Store) Members(ctx context.Context, team string) ([]string, error) {
 	members, err := s.rdb.SMembers(ctx, teamKey(team)).Result()
