@@ -455,14 +455,17 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 	reads := make([]shardRead, 0, len(byShard))
 	var checks []*redis.SliceCmd
 	for sh, idx := range byShard {
-		if whole {
-			checks = append(checks, pipe.MGet(ctx, prefix(sh)+"ls", prefix(sh)+"em"))
-		}
 		keys := make([]string, len(idx))
 		for k, i := range idx {
 			keys[k] = prefix(sh) + "sv:" + userIDs[i]
 		}
 		reads = append(reads, shardRead{idx, pipe.MGet(ctx, keys...)})
+		// The check comes after the read, on the same connection: a loss
+		// between the two (a FLUSHALL runs between any two commands) fails
+		// the check. Checked first, it would pass and the read miss users.
+		if whole {
+			checks = append(checks, pipe.MGet(ctx, prefix(sh)+"ls", prefix(sh)+"em"))
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))
