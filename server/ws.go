@@ -541,16 +541,8 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		s.metrics.frames.WithLabelValues(protocol.TypeQuery).Inc()
-		// One token per 10 ids (DESIGN.md, Limits), the frame's own included:
-		// a big query costs what the store work it causes is worth.
-		if extra := queryCost(len(f.Query.UserIDs)) - 1; extra > 0 {
-			// Refused, the query is a rate-limited frame like any: else a
-			// flood of big queries, each passing its first token, would
-			// never reach the 1008 close.
-			c.limited = streak
-			if !c.allow(now, extra) {
-				return
-			}
+		if !c.chargeIDs(now, len(f.Query.UserIDs), streak) {
+			return
 		}
 		s.answerQuery(ctx, c, f.Query)
 	case f.Watch != nil:
@@ -558,11 +550,8 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 		defer cancel()
 		s.metrics.frames.WithLabelValues(protocol.TypeWatch).Inc()
 		// Priced as a query (DESIGN.md, Limits): it reads as much.
-		if extra := queryCost(len(f.Watch.UserIDs)) - 1; extra > 0 {
-			c.limited = streak
-			if !c.allow(now, extra) {
-				return
-			}
+		if !c.chargeIDs(now, len(f.Watch.UserIDs), streak) {
+			return
 		}
 		s.answerWatch(ctx, c, f.Watch)
 	case f.Unwatch != nil:
@@ -664,6 +653,21 @@ func (s *Server) presenceFor(ctx context.Context, c *client, ids []string) ([]pr
 // queryCost is the rate tokens a query of n ids costs: one per 10 ids, at
 // least one.
 func queryCost(n int) int { return max(1, (n+9)/10) }
+
+// chargeIDs takes the tokens a frame naming n ids costs beyond the one its
+// frame took (one per 10 ids, DESIGN.md, Limits): a big query or watch
+// costs what the store work it causes is worth. Refused, the frame is a
+// rate-limited frame like any and continues the run of them (streak, from
+// before its first token): else a flood of big frames, each passing its
+// first token, would never reach the 1008 close.
+func (c *client) chargeIDs(now time.Time, n, streak int) bool {
+	extra := queryCost(n) - 1
+	if extra <= 0 {
+		return true
+	}
+	c.limited = streak
+	return c.allow(now, extra)
+}
 
 // sharesTeamWith reports which of ids share a team with viewer. The
 // viewer's teams come from the hub once; each distinct id's teams from the
