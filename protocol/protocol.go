@@ -386,7 +386,7 @@ func DecodeClientFrame(data []byte) (ClientFrame, error) {
 		if len(raw.UserIDs) > MaxQueryIDs {
 			return ClientFrame{}, &DecodeError{Code: CodeTooManyIDs, Message: fmt.Sprintf("a query takes at most %d user ids", MaxQueryIDs)}
 		}
-		if err := checkIntactIDs(data, raw.UserIDs); err != nil {
+		if err := checkIntactIDs(data, raw.UserIDs, MsgBadQueryID); err != nil {
 			return ClientFrame{}, err
 		}
 		f.Query = &Query{Type: TypeQuery, ID: raw.ID, UserIDs: raw.UserIDs}
@@ -398,9 +398,13 @@ func DecodeClientFrame(data []byte) (ClientFrame, error) {
 			return ClientFrame{}, badRequest(`%s needs "user_ids", an array of strings`, *raw.Type)
 		}
 		if len(raw.UserIDs) > MaxWatchIDs {
-			return ClientFrame{}, badRequest("a %s frame takes at most %d user ids", *raw.Type, MaxWatchIDs)
+			article := "a"
+			if *raw.Type == TypeUnwatch {
+				article = "an"
+			}
+			return ClientFrame{}, badRequest("%s %s frame takes at most %d user ids", article, *raw.Type, MaxWatchIDs)
 		}
-		if err := checkIntactIDs(data, raw.UserIDs); err != nil {
+		if err := checkIntactIDs(data, raw.UserIDs, MsgBadWatchID); err != nil {
 			return ClientFrame{}, err
 		}
 		for _, id := range raw.UserIDs {
@@ -424,6 +428,11 @@ func DecodeClientFrame(data []byte) (ClientFrame, error) {
 		if raw.Emoji != nil {
 			st.Emoji = *raw.Emoji
 		}
+		// As the HTTP status route: a lone surrogate escape must not be
+		// stored as U+FFFD.
+		if !intactField(data, "text", st.Text) || !intactField(data, "emoji", st.Emoji) {
+			return ClientFrame{}, badRequest(`set_status: "text" and "emoji" must be valid UTF-8`)
+		}
 		f.SetStatus = st
 	default:
 		return ClientFrame{}, &DecodeError{Code: CodeUnknownType, Message: fmt.Sprintf("unknown frame type %q", truncate(*raw.Type, 64))}
@@ -434,7 +443,7 @@ func DecodeClientFrame(data []byte) (ClientFrame, error) {
 // checkIntactIDs refuses a query whose ids encoding/json decoded with a
 // loss: a lone surrogate escape (`\ud800`) becomes U+FFFD without an error.
 // Only ids holding U+FFFD need the second look at the frame.
-func checkIntactIDs(data []byte, ids []string) error {
+func checkIntactIDs(data []byte, ids []string, msg string) error {
 	lossy := false
 	for _, id := range ids {
 		lossy = lossy || strings.ContainsRune(id, utf8.RuneError)
@@ -446,14 +455,28 @@ func checkIntactIDs(data []byte, ids []string) error {
 		UserIDs []json.RawMessage `json:"user_ids"`
 	}
 	if json.Unmarshal(data, &raw) != nil || len(raw.UserIDs) != len(ids) {
-		return badRequest(MsgBadQueryID)
+		return badRequest("%s", msg)
 	}
 	for i, r := range raw.UserIDs {
 		if !IntactString(r, ids[i]) {
-			return badRequest(MsgBadQueryID)
+			return badRequest("%s", msg)
 		}
 	}
 	return nil
+}
+
+// intactField reports whether the string field name of the frame data,
+// decoded as s, lost nothing (see checkIntactIDs); only a value holding
+// U+FFFD needs the second look.
+func intactField(data []byte, name, s string) bool {
+	if !strings.ContainsRune(s, utf8.RuneError) {
+		return true
+	}
+	var raw map[string]json.RawMessage
+	if json.Unmarshal(data, &raw) != nil {
+		return false
+	}
+	return IntactString(raw[name], s)
 }
 
 // MsgBadQueryID is the message of a query with an invalid id, whether the

@@ -153,6 +153,27 @@ func BenchmarkDecodeHeartbeat(b *testing.B) {
 	}
 }
 
+// A watch's or unwatch's lone surrogate id names the frame it came in; a
+// literal U+FFFD is a valid character and passes.
+func TestDecodeWatchMessages(t *testing.T) {
+	for frame, want := range map[string]string{
+		`{"type":"watch","user_ids":["a\ud800"]}`:   MsgBadWatchID,
+		`{"type":"unwatch","user_ids":["a\ud800"]}`: MsgBadWatchID,
+		`{"type":"query","user_ids":["a\ud800"]}`:   MsgBadQueryID,
+		`{"type":"unwatch","user_ids":[` + strings.Repeat(`"a",`, 500) + `"a"]}`: "an unwatch frame takes at most 500 user ids",
+		`{"type":"watch","user_ids":[` + strings.Repeat(`"a",`, 500) + `"a"]}`:   "a watch frame takes at most 500 user ids",
+	} {
+		_, err := DecodeClientFrame([]byte(frame))
+		var de *DecodeError
+		if !errors.As(err, &de) || de.Message != want {
+			t.Errorf("%.60s: err %v, want %q", frame, err, want)
+		}
+	}
+	if _, err := DecodeClientFrame([]byte(`{"type":"set_status","mode":"dnd","text":"a\ufffd"}`)); err != nil {
+		t.Errorf("a literal U+FFFD was refused: %v", err)
+	}
+}
+
 func TestDecodeSetStatus(t *testing.T) {
 	f, err := DecodeClientFrame([]byte(`{"type":"set_status","mode":"dnd","text":"In a meeting","emoji":"📅","expires_at":1764500000000}`))
 	if err != nil || f.SetStatus == nil {
@@ -171,6 +192,8 @@ func TestDecodeSetStatus(t *testing.T) {
 		`{"type":"set_status","mode":"dnd","text":5}`,
 		`{"type":"set_status","mode":"dnd","expires_at":"soon"}`,
 		`{"type":"set_status","mode":"dnd","expires_at":1.5}`,
+		`{"type":"set_status","mode":"dnd","text":"a\udcff"}`, // lone surrogates, as HTTP refuses them
+		`{"type":"set_status","mode":"dnd","emoji":"\ud83d"}`,
 	} {
 		_, err := DecodeClientFrame([]byte(bad))
 		var de *DecodeError
