@@ -474,6 +474,7 @@ func TestHTTPErrorsAreJSON(t *testing.T) {
 		{"GET", "/v1/presence/query", "", 405},
 		{"POST", "/v1/connect", "", 405},
 		{"PATCH", "/v1/teams/t/members/bob", "", 405},
+		{"GET", "/v1/users/bob/status", "", 405},
 		{"GET", "/v1/connect?user=bob", "", 400}, // no upgrade headers
 		{"POST", "/v1/presence/query", `{"user_ids":["` + strings.Repeat("x", 2<<20) + `"]}`, 413},
 	} {

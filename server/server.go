@@ -474,7 +474,8 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	// The same paths with any other method: a JSON 405, not the catch-all 404.
 	for path, allowed := range map[string]string{
-		"/v1/connect": "GET", "/v1/users/{user}/presence": "GET", "/v1/presence/query": "POST",
+		"/v1/connect": "GET", "/v1/users/{user}/presence": "GET", "/v1/users/{user}/status": "PUT, DELETE",
+		"/v1/presence/query":        "POST",
 		"/v1/teams/{team}/presence": "GET", "/v1/teams/{team}/members/{user}": "PUT, DELETE",
 		"/healthz": "GET", "/readyz": "GET", "/metrics": "GET",
 	} {
