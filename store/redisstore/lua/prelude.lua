@@ -157,7 +157,12 @@ local function publish_if_changed(uk, out)
   if redis.call('HEXISTS', u, 'grace') == 1 then return end
   local s = derive(uk)
   local cur = num(redis.call('HGET', u, 's'))
-  if s ~= cur then
+  -- The devices' state is unchanged, and so is the look: the mode and the
+  -- status change only through set_status, which shows them itself. A
+  -- second device, a reconnect in grace or a flip beside an active device
+  -- costs no more than this.
+  if s == cur then return end
+  do
     if redis.call('HEXISTS', u, 'lk') == 0 then
       -- Written before the look existed (or new): viewers were shown cur.
       local ls = 0
