@@ -145,8 +145,3 @@ func headerLen(h []byte) int {
 	return 2 + 4
 }
 
-// socketOf is the nbio connection under an upgraded WebSocket.
-func socketOf(ws *websocket.Conn) (*nbio.Conn, bool) {
-	nbc := nbioConn(ws)
-	return nbc, nbc != nil
-}

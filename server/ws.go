@@ -159,7 +159,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the upgrader has answered
 	}
-	if nbc, ok := socketOf(ws); ok {
+	if nbc := nbioConn(ws); nbc != nil {
 		s.adm.authenticated(nbc)
 	}
 	now := s.cfg.Now()
