@@ -233,7 +233,19 @@ func (h *hub) classify(ctx context.Context, teams []string) (map[string]bool, er
 	if limit <= 0 || len(teams) == 0 {
 		return out, nil
 	}
+	// A team indexed here already keeps the mode it was given: only the
+	// others cost a count (a round trip each on Redis).
+	var unknown []string
+	h.mu.RLock()
 	for _, t := range teams {
+		if h.byTeam[t] != nil {
+			out[t] = h.large[t]
+		} else {
+			unknown = append(unknown, t)
+		}
+	}
+	h.mu.RUnlock()
+	for _, t := range unknown {
 		var n int
 		err := h.srv.timed(store.OpQuery, func() error {
 			var err error
