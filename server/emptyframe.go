@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/binary"
 	"sync"
+	"sync/atomic"
 
 	"github.com/lesismal/nbio"
 	"github.com/lesismal/nbio/nbhttp/websocket"
@@ -26,6 +27,15 @@ import (
 // is walked from its first frame.
 type frameWalkers struct{ m sync.Map } // *nbio.Conn → *frameWalker, deleted at close
 
+// bindWalker gives the walker of c's socket its client (handleConnect).
+func (s *Server) bindWalker(nbc *nbio.Conn, c *client) {
+	v, _ := s.walkers.m.LoadOrStore(nbc, &frameWalker{})
+	v.(*frameWalker).cl.Store(c)
+	if closed, _ := nbc.IsClosed(); closed {
+		s.walkers.m.Delete(nbc) // closed before this: OnClose has deleted it already
+	}
+}
+
 func (s *Server) onFrames(c *nbio.Conn, ws *websocket.Conn, data []byte) {
 	v, ok := s.walkers.m.Load(c)
 	if !ok {
@@ -33,7 +43,7 @@ func (s *Server) onFrames(c *nbio.Conn, ws *websocket.Conn, data []byte) {
 	}
 	w := v.(*frameWalker) // only this connection's reads touch it, one at a time
 	empty, bad, at := w.walk(data)
-	cl, _ := ws.Session().(*client) // nil for a moment after the upgrade
+	cl := w.cl.Load() // nil for a moment after the upgrade
 	if cl != nil && ws.Execute != nil {
 		// Queued before the parse queues the read's other frames, so a
 		// frame answered after an empty one sees its effect.
@@ -65,6 +75,9 @@ func (s *Server) onFrames(c *nbio.Conn, ws *websocket.Conn, data []byte) {
 // payloads: it counts complete text frames without payload and stops at the
 // first header that breaks the protocol.
 type frameWalker struct {
+	// The connection's client once registered. Read on the poller: nbio's
+	// Session() reads its field without a lock once set, racing SetSession.
+	cl   atomic.Pointer[client]
 	skip uint64 // payload bytes of the current frame still to come
 	head []byte // the current header, as far as read
 	bad  string // why the stream broke the protocol; nothing more is walked
@@ -144,4 +157,3 @@ func headerLen(h []byte) int {
 	}
 	return 2 + 4
 }
-

@@ -174,6 +174,9 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	c.tokens = float64(s.cfg.RateBurst)
 	c.refilled = now
 	ws.SetSession(c)
+	if nbc := nbioConn(ws); nbc != nil {
+		s.bindWalker(nbc, c)
+	}
 	s.trackWrites(c)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
