@@ -157,9 +157,9 @@ func BenchmarkDecodeHeartbeat(b *testing.B) {
 // literal U+FFFD is a valid character and passes.
 func TestDecodeWatchMessages(t *testing.T) {
 	for frame, want := range map[string]string{
-		`{"type":"watch","user_ids":["a\ud800"]}`:   MsgBadWatchID,
-		`{"type":"unwatch","user_ids":["a\ud800"]}`: MsgBadWatchID,
-		`{"type":"query","user_ids":["a\ud800"]}`:   MsgBadQueryID,
+		`{"type":"watch","user_ids":["a\ud800"]}`:                                MsgBadWatchID,
+		`{"type":"unwatch","user_ids":["a\ud800"]}`:                              MsgBadWatchID,
+		`{"type":"query","user_ids":["a\ud800"]}`:                                MsgBadQueryID,
 		`{"type":"unwatch","user_ids":[` + strings.Repeat(`"a",`, 500) + `"a"]}`: "an unwatch frame takes at most 500 user ids",
 		`{"type":"watch","user_ids":[` + strings.Repeat(`"a",`, 500) + `"a"]}`:   "a watch frame takes at most 500 user ids",
 	} {
