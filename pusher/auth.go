@@ -94,18 +94,15 @@ type ChannelData struct {
 // Laravel sends integer ids; they become their decimal string, as pusher-js
 // shows them.
 func ParseChannelData(s string) (ChannelData, error) {
-	var raw struct {
-		UserID   json.RawMessage `json:"user_id"`
-		UserInfo json.RawMessage `json:"user_info"`
-	}
+	var raw map[string]json.RawMessage // keys match exactly, unlike a struct's
 	if err := decodeObject([]byte(s), &raw); err != nil {
 		return ChannelData{}, fmt.Errorf("%w: %v", ErrBadChannelData, err)
 	}
-	id, err := userID(raw.UserID, true)
+	id, err := userID(raw["user_id"], true)
 	if err != nil {
 		return ChannelData{}, fmt.Errorf("%w: user_id %v", ErrBadChannelData, err)
 	}
-	info, err := userInfo(raw.UserInfo)
+	info, err := userInfo(raw["user_info"])
 	if err != nil {
 		return ChannelData{}, fmt.Errorf("%w: %v", ErrBadChannelData, err)
 	}
@@ -123,25 +120,21 @@ type UserData struct {
 // "user_info": any JSON (optional), "watchlist": [user ids] (optional, at most
 // MaxWatchlist)}.
 func ParseUserData(s string) (UserData, error) {
-	var raw struct {
-		ID        json.RawMessage `json:"id"`
-		UserInfo  json.RawMessage `json:"user_info"`
-		Watchlist json.RawMessage `json:"watchlist"`
-	}
+	var raw map[string]json.RawMessage
 	if err := decodeObject([]byte(s), &raw); err != nil {
 		return UserData{}, fmt.Errorf("%w: %v", ErrBadUserData, err)
 	}
-	id, err := userID(raw.ID, false)
+	id, err := userID(raw["id"], false)
 	if err != nil {
 		return UserData{}, fmt.Errorf("%w: id %v", ErrBadUserData, err)
 	}
-	info, err := userInfo(raw.UserInfo)
+	info, err := userInfo(raw["user_info"])
 	if err != nil {
 		return UserData{}, fmt.Errorf("%w: %v", ErrBadUserData, err)
 	}
 	var watch []string
-	if len(raw.Watchlist) > 0 && string(raw.Watchlist) != "null" {
-		if err := json.Unmarshal(raw.Watchlist, &watch); err != nil {
+	if wl := raw["watchlist"]; len(wl) > 0 && string(wl) != "null" {
+		if err := json.Unmarshal(wl, &watch); err != nil {
 			return UserData{}, fmt.Errorf("%w: watchlist must be an array of strings", ErrBadUserData)
 		}
 		if len(watch) > MaxWatchlist {

@@ -157,6 +157,7 @@ func TestParseChannelData(t *testing.T) {
 		{in: `{"user_id":true}`, bad: true},
 		{in: `{"user_id":["u"]}`, bad: true},
 		{in: `{"user_info":{}}`, bad: true},
+		{in: `{"USER_ID":"u"}`, bad: true}, // keys match exactly
 		{in: `{}`, bad: true},
 		{in: ``, bad: true},
 		{in: `null`, bad: true},
