@@ -339,3 +339,19 @@ func (h *hub) drainAll(spread time.Duration) {
 		c.closeWith(protocol.CloseServiceRestart, "service restart")
 	}
 }
+
+// ensureIndexed indexes a local user under a team they just joined, now
+// rather than when the join event comes: a Pusher presence channel needs
+// the team's changes from its subscription on.
+func (h *hub) ensureIndexed(ctx context.Context, user, team string) {
+	h.mu.RLock()
+	lu := h.users[user]
+	indexed := false
+	if lu != nil && lu.teams != nil {
+		_, indexed = lu.teams[team]
+	}
+	h.mu.RUnlock()
+	if lu != nil && !indexed {
+		h.joinWatched(ctx, lu, team)
+	}
+}

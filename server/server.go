@@ -91,10 +91,13 @@ type Config struct {
 	// not authenticated: no WebSocket upgrade accepted, no request with the
 	// API key. The next one gets 429 at accept. 1024; <0 unlimited.
 	MaxUnauthenticatedPerIP int
-	Static                  http.Handler // serves the demo page at /, if set
-	Logger                  *slog.Logger
-	Registry                *prometheus.Registry // metrics; a new registry when nil
-	Now                     func() time.Time
+	// Pusher, when set, makes the listener speak Pusher Channels too
+	// (pusher.go, docs/pusher.md).
+	Pusher   PusherConfig
+	Static   http.Handler // serves the demo page at /, if set
+	Logger   *slog.Logger
+	Registry *prometheus.Registry // metrics; a new registry when nil
+	Now      func() time.Time
 }
 
 // Server is one greendot node.
@@ -106,6 +109,7 @@ type Server struct {
 	metrics *metrics
 	reg     *prometheus.Registry
 	hub     *hub
+	px      *pxServer // nil unless Pusher compatibility is on
 
 	upgrader   *websocket.Upgrader
 	connecting chan struct{}       // a slot per connect being registered
@@ -138,6 +142,9 @@ type Server struct {
 func New(cfg Config) (*Server, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("server: a store is required")
+	}
+	if p := cfg.Pusher; (p.AppID == "") != (p.Key == "") || (p.AppID == "") != (p.Secret == "") {
+		return nil, errors.New("server: Pusher compatibility needs all of app id, key and secret")
 	}
 	if cfg.Addr == "" {
 		cfg.Addr = ":8080"
@@ -230,6 +237,9 @@ func New(cfg Config) (*Server, error) {
 		o.SetObserver(s.metrics)
 	}
 	cfg.Store.Subscribe(s.hub)
+	if cfg.Pusher.enabled() {
+		s.px = newPusher(s)
+	}
 	s.upgrader = s.newUpgrader()
 	s.connecting = make(chan struct{}, cfg.MaxConnecting)
 	return s, nil
@@ -302,6 +312,10 @@ func (s *Server) Start() error {
 	go s.sweepLoop()
 	go s.hub.flush.loop()
 	go s.hub.work.loop()
+	if s.px != nil {
+		s.wg.Add(1)
+		go s.px.countsLoop()
+	}
 	return nil
 }
 
@@ -385,8 +399,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// a load balancer sees the node leave before its port closes.
 		s.draining.Store(true)
 		drainStart := time.Now()
-		idle := s.hub.count() == 0
+		idle := s.hub.count() == 0 && (s.px == nil || s.px.count() == 0)
 		s.hub.drainAll(s.cfg.DrainSpread)
+		if s.px != nil {
+			s.px.drain(s.cfg.DrainSpread)
+		}
 		// Give closes a moment to be handled, so their users enter grace.
 		waitUntil(ctx, 2*time.Second, func() bool { return s.hub.count() == 0 })
 		// Keep answering 503 while clients come back (they wait up to
@@ -457,6 +474,9 @@ func (s *Server) reapSilent(now time.Time) {
 			_ = c.ws.Close()
 		}
 	}
+	if s.px != nil {
+		s.px.reap(now.Add(-s.cfg.TTL).UnixNano())
+	}
 }
 
 func (s *Server) routes() http.Handler {
@@ -469,6 +489,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/teams/{team}/presence", s.api(s.handleTeamPresence))
 	mux.HandleFunc("PUT /v1/teams/{team}/members/{user}", s.api(s.handleAddMember))
 	mux.HandleFunc("DELETE /v1/teams/{team}/members/{user}", s.api(s.handleRemoveMember))
+	if s.px != nil {
+		s.px.routes(mux)
+	}
 	mux.HandleFunc("GET /healthz", s.handleHealthz)
 	mux.HandleFunc("GET /readyz", s.handleReadyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))

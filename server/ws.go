@@ -60,7 +60,11 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 		}
 	})
 	u.SetPongHandler(func(c *websocket.Conn, _ string) {
-		if cl, ok := c.Session().(*client); ok {
+		switch cl, _ := c.Session().(*client); {
+		case cl == nil:
+		case cl.px != nil:
+			s.px.alive(cl.px, s.cfg.Now())
+		default:
 			s.signOfLife(cl, s.cfg.Now())
 		}
 	})
@@ -476,6 +480,10 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 	if !ok {
 		return
 	}
+	if c.px != nil {
+		s.px.onMessage(c.px, mt, data)
+		return
+	}
 	if mt == websocket.BinaryMessage {
 		s.metrics.framesRejected.WithLabelValues(reasonBinary).Inc()
 		c.closeWith(protocol.CloseUnsupported, "binary frames are not accepted")
@@ -746,6 +754,9 @@ func (s *Server) onClose(ws *websocket.Conn, _ error) {
 	c, ok := ws.Session().(*client)
 	if !ok {
 		return
+	}
+	if c.px != nil {
+		s.px.onClose(c.px)
 	}
 	c.markClosed()
 	s.untrackWrites(c)

@@ -106,6 +106,10 @@ type serveOptions struct {
 	webhookQueue      int
 	webhookTimeout    time.Duration
 	webhookKey        webhook.Secret // webhookSecret, parsed by validate
+	pusherAppID       string
+	pusherKey         string
+	pusherSecret      string
+	pusherClientEvts  bool
 }
 
 // minSecretBytes is the shortest --jwt-secret taken without a warning: an
@@ -139,6 +143,10 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	durationVar(fs, &o.webhookRetryFor, "webhook-retry-for", 24*time.Hour, "a webhook not delivered this `duration` after its change is dropped")
 	fs.IntVar(&o.webhookQueue, "webhook-queue", 100000, "webhook events waiting at most (cluster-wide on Redis); past it the oldest are dropped")
 	durationVar(fs, &o.webhookTimeout, "webhook-timeout", 10*time.Second, "a webhook request not answered within this `duration` has failed and is retried")
+	fs.StringVar(&o.pusherAppID, "pusher-app-id", "", "with --pusher-key and --pusher-secret: speak Pusher Channels (pusher-js, Laravel Echo) at /app/{key} and its REST API at /apps/{id}/ (docs/pusher.md)")
+	fs.StringVar(&o.pusherKey, "pusher-key", "", "the Pusher app key that pusher-js connects with")
+	fs.StringVar(&o.pusherSecret, "pusher-secret", "", "the Pusher app secret that signs channel auth, user sign-in and REST requests")
+	fs.BoolVar(&o.pusherClientEvts, "pusher-client-events", false, "relay client-* events between the sockets of private and presence channels")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060); off when empty")
 	return fs
 }
@@ -243,6 +251,33 @@ func (o *serveOptions) validateWebhooks() error {
 	return nil
 }
 
+// validatePusher: all three of app id, key and secret, or none, in the
+// characters Pusher's own use (they appear in URLs and signed strings).
+func (o *serveOptions) validatePusher() error {
+	set := 0
+	for _, v := range []string{o.pusherAppID, o.pusherKey, o.pusherSecret} {
+		if v != "" {
+			set++
+		}
+	}
+	switch {
+	case set == 0 && o.pusherClientEvts:
+		return errors.New("--pusher-client-events needs --pusher-app-id, --pusher-key and --pusher-secret")
+	case set == 0:
+		return nil
+	case set < 3:
+		return errors.New("Pusher compatibility needs all three of --pusher-app-id, --pusher-key and --pusher-secret")
+	}
+	for name, v := range map[string]string{"--pusher-app-id": o.pusherAppID, "--pusher-key": o.pusherKey} {
+		for _, r := range v {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+				return fmt.Errorf("%s %q: use letters, digits, - and _ only", name, v)
+			}
+		}
+	}
+	return nil
+}
+
 // serve runs a node until SIGTERM, SIGINT or the end of ctx, then drains it.
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	var o serveOptions
@@ -252,6 +287,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	if err := o.validate(); err != nil {
+		return err
+	}
+	if err := o.validatePusher(); err != nil {
 		return err
 	}
 	// A node's heap is mostly small, long-lived connection state: collecting
@@ -350,9 +388,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		AllowedOrigins:          o.origins,
 		HandshakeTimeout:        o.handshakeTimeout,
 		MaxUnauthenticatedPerIP: unauthPerIP,
-		Static:                  greendot.DemoHandler(),
-		Logger:                  log,
-		Registry:                reg,
+		Pusher: server.PusherConfig{AppID: o.pusherAppID, Key: o.pusherKey, Secret: o.pusherSecret,
+			ClientEvents: o.pusherClientEvts},
+		Static:   greendot.DemoHandler(),
+		Logger:   log,
+		Registry: reg,
 	})
 	if err != nil {
 		return err
