@@ -437,3 +437,19 @@ func TestPusherSigninWatchlist(t *testing.T) {
 	// Signed in, the socket is one of ann's devices.
 	ben.expectChanges(5*time.Second, "ann=online", "cat=online", "cat=offline")
 }
+
+// Pusher's REST requests are signed, not keyed: --api-key does not refuse
+// their bodies.
+func TestPusherRESTBesideAPIKey(t *testing.T) {
+	ts := startPusher(t, func(c *server.Config) { c.APIKey = "api-secret" })
+	a := ts.pxDial(t, "a")
+	a.send(map[string]any{"event": "pusher:subscribe", "data": map[string]string{"channel": "news"}})
+	a.next("pusher_internal:subscription_succeeded")
+	if code, out := ts.signedRequest(t, pxSecret, "POST", "/apps/"+pxApp+"/events", nil, `{"name":"e","channel":"news","data":"1"}`); code != 200 {
+		t.Fatalf("trigger: %d %s", code, out)
+	}
+	a.next("e")
+	if code, _ := ts.do("PUT", "/v1/teams/t/members/u", "x"); code != 401 {
+		t.Fatalf("native API without key: %d", code)
+	}
+}

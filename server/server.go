@@ -553,7 +553,7 @@ func (s *Server) onData(c *nbio.Conn, data []byte) {
 	g, ok := p.Processor.(*requestGate)
 	if !ok {
 		// The parser's first bytes: nbio made its processor just before.
-		g = &requestGate{Processor: p.Processor, apiKey: s.cfg.APIKey, conn: c, adm: s.adm}
+		g = &requestGate{Processor: p.Processor, apiKey: s.cfg.APIKey, pusher: s.px != nil, conn: c, adm: s.adm}
 		p.Processor = g
 	}
 	if g.upgraded {
@@ -603,6 +603,7 @@ var errRefused = errors.New("server: request refused before its handler")
 type requestGate struct {
 	nbhttp.Processor
 	apiKey string
+	pusher bool // Pusher's REST API is on: its requests are signed, not keyed
 	conn   *nbio.Conn
 	adm    *admission
 
@@ -614,6 +615,7 @@ type requestGate struct {
 	needsKey bool // a body without the API key, when one is required
 	upgrade  bool // the head asks for a protocol upgrade
 	upgraded bool // an upgrade request was handed over: WebSocket frames follow
+	signed   bool // a Pusher REST request: its handler checks its signature
 	refused  bool
 	// headBytes counts the request line and headers as parsed, so that a
 	// head over the limit is refused even when it arrived whole in one or
@@ -623,12 +625,13 @@ type requestGate struct {
 }
 
 func (g *requestGate) OnMethod(p *nbhttp.Parser, method string) {
-	*g = requestGate{Processor: g.Processor, apiKey: g.apiKey, conn: g.conn, adm: g.adm, head: g.head, headBytes: len(method)}
+	*g = requestGate{Processor: g.Processor, apiKey: g.apiKey, pusher: g.pusher, conn: g.conn, adm: g.adm, head: g.head, headBytes: len(method)}
 	g.Processor.OnMethod(p, method)
 }
 
 func (g *requestGate) OnURL(p *nbhttp.Parser, uri string) error {
 	g.headBytes += len(uri)
+	g.signed = g.pusher && strings.HasPrefix(uri, "/apps/")
 	return g.Processor.OnURL(p, uri)
 }
 
@@ -652,7 +655,7 @@ func (g *requestGate) OnHeader(p *nbhttp.Parser, key, value string) {
 func (g *requestGate) OnContentLength(p *nbhttp.Parser, n int) {
 	g.tooBig = g.headBytes > maxRequestHead
 	g.inBody, g.head = true, 0
-	g.needsKey = g.apiKey != "" && !g.keyOK && (n > 0 || g.bodyNext)
+	g.needsKey = g.apiKey != "" && !g.keyOK && !g.signed && (n > 0 || g.bodyNext)
 	// The head came within the handshake timeout; the body, the handler and
 	// the response get longer. nbio sets the deadline again after the
 	// response (KeepaliveTime, the handshake timeout).
