@@ -208,6 +208,9 @@ func (p *pxServer) onMessage(pc *pxConn, mt websocket.MessageType, data []byte) 
 	now := p.s.cfg.Now()
 	p.alive(pc, now)
 	if !c.allow(now, 1) {
+		if c.limited == 1 {
+			pc.write(errorFrame(0, "too many frames; slow down or be disconnected"))
+		}
 		return
 	}
 	if len(data) > pxMaxEventData+2048 {
