@@ -15,7 +15,8 @@ import (
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
-		s, err := memstore.New(memstore.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter})
+		s, err := memstore.New(memstore.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter,
+			ChannelCountsTTL: cfg.ChannelCountsTTL})
 		if err != nil {
 			t.Fatal(err)
 		}
