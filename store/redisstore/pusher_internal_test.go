@@ -163,9 +163,30 @@ func (p *pxRec) all() []string {
 // while Redis was down failed to send and never arrive; later ones reach
 // both nodes.
 func TestBroadcastResumesAfterRedisRestart(t *testing.T) {
-	ctx := context.Background()
 	r := redistest.Start(t)
-	a, b := pxNode(t, r.URL(), "a", 0), pxNode(t, r.URL(), "b", 0)
+	broadcastAcrossRestart(t, r.URL(), r)
+}
+
+// The same on a cluster, with the master of gd:{px}:ev's slot restarted.
+func TestBroadcastResumesAfterClusterMasterRestart(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	var owner *redistest.Server
+	for _, n := range c.Nodes {
+		if _, err := n.Do("SPUBLISH", pxChannel, "where"); err == nil { // the others answer MOVED
+			owner = n
+		}
+	}
+	if owner == nil {
+		t.Fatalf("no cluster node serves %s", pxChannel)
+	}
+	broadcastAcrossRestart(t, c.URL(), owner)
+}
+
+// broadcastAcrossRestart runs two nodes on url across a restart of r,
+// the Redis that serves pxChannel.
+func broadcastAcrossRestart(t *testing.T, url string, r *redistest.Server) {
+	ctx := context.Background()
+	a, b := pxNode(t, url, "a", 0), pxNode(t, url, "b", 0)
 	ra, rb := &pxRec{}, &pxRec{}
 	a.OnBroadcast(ra.handle)
 	b.OnBroadcast(rb.handle)
@@ -188,7 +209,7 @@ func TestBroadcastResumesAfterRedisRestart(t *testing.T) {
 	r.Restart()
 	// Until b's subscription is back, probes go nowhere (or to a only).
 	probe := 0
-	testwait.For(t, 10*time.Second, func() error {
+	testwait.For(t, 20*time.Second, func() error {
 		probe++
 		if err := a.Broadcast(ctx, []byte(fmt.Sprint("probe", probe))); err != nil {
 			return err
@@ -210,5 +231,12 @@ func TestBroadcastResumesAfterRedisRestart(t *testing.T) {
 			}
 			return nil
 		})
+	}
+}
+
+func TestNegativeChannelCountsTTLRefused(t *testing.T) {
+	_, err := New(context.Background(), Config{URL: "redis://127.0.0.1:1", Node: "a", ChannelCountsTTL: -time.Second})
+	if err == nil || !strings.Contains(err.Error(), "channel-counts ttl") {
+		t.Fatalf("New with a negative channel-counts ttl: %v", err)
 	}
 }
