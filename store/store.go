@@ -184,8 +184,8 @@ type Broadcaster interface {
 	// memory store calls the handler synchronously, in the caller's
 	// goroutine; the Redis store publishes on Redis Pub/Sub and this node's
 	// handler runs from the subscription's reader. An error (Redis away)
-	// means the message was not sent, or (a timeout) may not have been: it
-	// must not be sent again as if it surely was not.
+	// means nothing was sent; only after a timeout it may have been, and
+	// sending it again may deliver it twice.
 	Broadcast(ctx context.Context, payload []byte) error
 	// OnBroadcast sets the handler, before any Broadcast; nil drops
 	// messages. The handler must not block for long, and must not modify
