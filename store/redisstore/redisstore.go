@@ -71,6 +71,10 @@ type Config struct {
 	// WebhookClaimIdle: the events a node read and has not renewed for this
 	// long (it died) are claimed by another node. 3 × NodeTTL.
 	WebhookClaimIdle time.Duration
+	// ChannelCountsTTL: a node's channel counts not set again for this
+	// long are no longer counted (store.ChannelCounter). Every node of a
+	// deployment should agree on it. store.ChannelCountsTTL (15s).
+	ChannelCountsTTL time.Duration
 	Logger           *slog.Logger
 }
 
@@ -122,7 +126,9 @@ type Store struct {
 	// the hold-off before it resyncs; until then its own view of the
 	// membership may be the one from before the loss. See Intact.
 	awaitingResync atomic.Bool
-	forgetNext     atomic.Int64  // UnixNano before which Sweep does not forget (pacing only)
+	forgetNext     atomic.Int64 // UnixNano before which Sweep does not forget (pacing only)
+	onBroadcast    atomic.Pointer[func([]byte)]
+	countsSet      atomic.Bool   // this node set channel counts: Close removes them
 	stop           chan struct{} // closed by Close; never sent on
 	wg             sync.WaitGroup
 	closed         atomic.Bool
@@ -168,6 +174,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.ChannelCountsTTL == 0 {
+		cfg.ChannelCountsTTL = store.ChannelCountsTTL
+	}
+	if cfg.ChannelCountsTTL < 0 {
+		return nil, errors.New("redisstore: channel-counts ttl must not be negative")
 	}
 	if cfg.WebhookClaimIdle <= 0 {
 		cfg.WebhookClaimIdle = 3 * cfg.NodeTTL
@@ -315,6 +327,7 @@ func (s *Store) Close() error {
 	defer cancel()
 	s.flushHeartbeats(ctx)
 	s.beat(ctx, true)
+	s.releaseChannelCounts(ctx)
 	s.subs.close()
 	return s.rdb.Close()
 }
