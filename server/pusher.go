@@ -55,6 +55,15 @@ type pxServer struct {
 	teams    map[string]*pxTeam              // presence channels by team
 	counts   map[string]int                  // subscriptions here by channel
 	dirty    bool                            // counts changed since last written
+	stopped  bool                            // Shutdown: no channel loop starts
+}
+
+// stop keeps new presence channels from starting their loops once Shutdown
+// waits for the server's goroutines.
+func (p *pxServer) stop() {
+	p.mu.Lock()
+	p.stopped = true
+	p.mu.Unlock()
 }
 
 // pxConn is one Pusher socket. base carries its writes and is the socket's
@@ -569,7 +578,7 @@ func (p *pxServer) retainTeam(pc *pxConn, ch, team string) (*pxTeam, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pc.mu.Lock()
-	if pc.closed {
+	if pc.closed || p.stopped {
 		pc.mu.Unlock()
 		return nil, false
 	}

@@ -419,6 +419,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			_ = s.ln.Close()
 		}
 		close(s.stop)
+		if s.px != nil {
+			s.px.stop()
+		}
 		if s.engine != nil {
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			err = s.engine.Shutdown(sctx)
