@@ -27,6 +27,7 @@ func (p *pxServer) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /apps/{app}/channels/{channel}", p.rest(p.handleChannel))
 	mux.HandleFunc("GET /apps/{app}/channels/{channel}/users", p.rest(p.handleUsers))
 	mux.HandleFunc("POST /apps/{app}/users/{user}/events", p.rest(p.handleUserEvent))
+	mux.HandleFunc("POST /apps/{app}/users/{user}/terminate_connections", p.rest(p.handleTerminate))
 }
 
 type restError struct {
@@ -309,6 +310,20 @@ func (p *pxServer) handleUserEvent(ctx context.Context, w http.ResponseWriter, r
 	}
 	m := pxMessage{Channels: []string{userChannel(user)}, Event: e.Name, Data: data}
 	if err := p.publish(ctx, m); err != nil {
+		return fmt.Errorf("%w: %v", store.ErrUnavailable, err)
+	}
+	writeJSON(w, http.StatusOK, struct{}{})
+	return nil
+}
+
+// handleTerminate closes every socket of the user, on every node (the SDKs'
+// terminateUserConnections).
+func (p *pxServer) handleTerminate(ctx context.Context, w http.ResponseWriter, r *http.Request, _ []byte) error {
+	user := r.PathValue("user")
+	if !protocol.ValidID(user) {
+		return pxBadRequest("invalid user id")
+	}
+	if err := p.publish(ctx, pxMessage{Terminate: user}); err != nil {
 		return fmt.Errorf("%w: %v", store.ErrUnavailable, err)
 	}
 	writeJSON(w, http.StatusOK, struct{}{})

@@ -19,6 +19,9 @@ type pxMessage struct {
 	Data     json.RawMessage `json:"d"`           // the frame's data, as it is sent
 	Exclude  string          `json:"x,omitempty"` // socket id that gets nothing
 	UserID   string          `json:"u,omitempty"` // sender of a client event on a presence channel
+	// Terminate: close every socket of this user instead (the REST API's
+	// terminate_connections).
+	Terminate string `json:"t,omitempty"`
 }
 
 // publish sends m to the subscribers of its channels on every node.
@@ -46,6 +49,10 @@ func (p *pxServer) onBroadcast(payload []byte) {
 // deliver writes m to the local subscribers of its channels. A socket
 // subscribed to several of them gets it once per channel, as Pusher does.
 func (p *pxServer) deliver(m pxMessage) {
+	if m.Terminate != "" {
+		p.terminate(m.Terminate)
+		return
+	}
 	for _, ch := range m.Channels {
 		frame := pusher.FrameRaw(m.Event, ch, m.Data, m.UserID)
 		var to []*pxConn
@@ -72,6 +79,24 @@ func (p *pxServer) deliver(m pxMessage) {
 			}
 		}
 		p.s.metrics.pusherDelivered.Add(float64(n))
+	}
+}
+
+// terminate closes the user's sockets here; 4009 tells pusher-js not to
+// reconnect.
+func (p *pxServer) terminate(user string) {
+	var to []*pxConn
+	p.mu.Lock()
+	for pc := range p.conns {
+		pc.mu.Lock()
+		if pc.user == user {
+			to = append(to, pc)
+		}
+		pc.mu.Unlock()
+	}
+	p.mu.Unlock()
+	for _, pc := range to {
+		pc.fail(pusher.CodeUnauthorized, "connection terminated by the app (terminate_connections)")
 	}
 }
 

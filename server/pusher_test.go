@@ -453,3 +453,24 @@ func TestPusherRESTBesideAPIKey(t *testing.T) {
 		t.Fatalf("native API without key: %d", code)
 	}
 }
+
+func TestPusherTerminateConnections(t *testing.T) {
+	ts := startPusher(t)
+	a := ts.pxDial(t, "a")
+	a.subscribePresence("eng", "ann", "{}")
+	a.members("presence-eng")
+	b := ts.pxDial(t, "b")
+	b.subscribePresence("eng", "ben", "{}")
+	b.members("presence-eng")
+	a.memberEvent("pusher_internal:member_added")
+	if code, out := ts.signedRequest(t, pxSecret, "POST", "/apps/"+pxApp+"/users/ben/terminate_connections", nil, "{}"); code != 200 {
+		t.Fatalf("terminate: %d %s", code, out)
+	}
+	f := b.next("pusher:error")
+	if d, _ := f["data"].(map[string]any); d["code"] != float64(pusher.CodeUnauthorized) {
+		t.Fatalf("error %v", f)
+	}
+	if u, _ := a.memberEvent("pusher_internal:member_removed"); u != "ben" {
+		t.Fatalf("member_removed of %s", u)
+	}
+}
