@@ -255,21 +255,6 @@ func (h *hub) count() int {
 	return h.nconns
 }
 
-// silent returns the connections that sent nothing since cutoff (unix nanos).
-func (h *hub) silent(cutoff int64) []*client {
-	h.mu.RLock()
-	defer h.mu.RUnlock()
-	var out []*client
-	for _, lu := range h.users {
-		for _, c := range lu.conns {
-			if c.lastFrame.Load() < cutoff {
-				out = append(out, c)
-			}
-		}
-	}
-	return out
-}
-
 // teamsOf returns a local user's teams (nil when not connected here).
 func (h *hub) teamsOf(user string) []string {
 	h.mu.RLock()

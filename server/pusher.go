@@ -166,7 +166,7 @@ func (s *Server) handleApp(w http.ResponseWriter, r *http.Request) {
 	pc.write(pusher.Frame("pusher:connection_established", "", map[string]any{
 		"socket_id": pc.socketID, "activity_timeout": activity,
 	}))
-	c.startPings()
+	c.startLiveness()
 }
 
 // fail sends pusher:error and closes with the same code, as Pusher does for
@@ -660,22 +660,6 @@ func (p *pxServer) onClose(pc *pxConn) {
 	err := s.timed(store.OpDisconnect, func() error { return s.store.Disconnect(ctx, gc.id, cause) })
 	if err != nil && !errors.Is(err, store.ErrUnknownConn) {
 		s.log.Warn("disconnect", "err", err)
-	}
-}
-
-// reap closes anonymous sockets silent since cutoff (the hub reaps those
-// with a user through their connection).
-func (p *pxServer) reap(cutoff int64) {
-	p.mu.Lock()
-	var silent []*pxConn
-	for pc := range p.conns {
-		if pc.gc.Load() == nil && pc.base.lastFrame.Load() < cutoff {
-			silent = append(silent, pc)
-		}
-	}
-	p.mu.Unlock()
-	for _, pc := range silent {
-		pc.base.closeWith(pusher.CodePongNotReceived, "Pong reply not received")
 	}
 }
 

@@ -451,9 +451,6 @@ func (s *Server) sweepLoop() {
 			return
 		case <-t.C:
 		}
-		// Every tick: on Redis the node is the one to expire its silent
-		// connections (other nodes only as a safety net, after 2×ttl).
-		s.reapSilent(s.cfg.Now())
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := s.store.Sweep(ctx); err != nil {
 			s.metrics.storeErrors.WithLabelValues(store.OpSweep).Inc()
@@ -465,20 +462,6 @@ func (s *Server) sweepLoop() {
 			_, present := c.Counts()
 			s.metrics.usersOnline.Set(float64(present))
 		}
-	}
-}
-
-// reapSilent closes the sockets of connections silent for the ttl. Their
-// presence is the store's business (it expires them on its own clock); this
-// only frees the sockets of hung clients and half-open connections.
-func (s *Server) reapSilent(now time.Time) {
-	for _, c := range s.hub.silent(now.Add(-s.cfg.TTL).UnixNano()) {
-		if !c.closed.Swap(true) {
-			_ = c.ws.Close()
-		}
-	}
-	if s.px != nil {
-		s.px.reap(now.Add(-s.cfg.TTL).UnixNano())
 	}
 }
 

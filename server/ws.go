@@ -25,7 +25,7 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 	u := websocket.NewUpgrader()
 	u.CheckOrigin = func(*http.Request) bool { return true } // tokens, not cookies, authenticate
 	// No read deadline: resetting one per frame cost 5% of the CPU per
-	// heartbeat; reapSilent closes sockets that stay silent past the ttl.
+	// heartbeat; the liveness timer (ping.go) closes sockets that stay silent past the ttl.
 	u.KeepaliveTime = 0
 	u.MessageLengthLimit = s.cfg.MaxMessageSize // nbio closes with 1009 past it
 	u.BlockingModAsyncWrite = false
@@ -199,7 +199,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.registered.Store(true)
-	c.startPings()
+	c.startLiveness()
 	if c.closed.Load() {
 		// Closed while registering: onClose may have run before registered
 		// was set, or even before hub.add, whose entry it then missed.
