@@ -245,9 +245,9 @@ func (o *serveOptions) validateWebhooks() error {
 	case o.webhookTimeout <= 0:
 		return fmt.Errorf("--webhook-timeout must be positive, got %v", o.webhookTimeout)
 	}
-	for flag, v := range map[string]string{"--webhook-url": o.webhookURL, "--pusher-webhook-url": o.pusherWebhookURL} {
-		if u, err := url.Parse(v); v != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
-			return fmt.Errorf("%s %q: want an absolute http:// or https:// URL", flag, v)
+	for _, f := range [][2]string{{"--webhook-url", o.webhookURL}, {"--pusher-webhook-url", o.pusherWebhookURL}} {
+		if u, err := url.Parse(f[1]); f[1] != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+			return fmt.Errorf("%s %q: want an absolute http:// or https:// URL", f[0], f[1])
 		}
 	}
 	if o.webhookURL == "" {
