@@ -57,7 +57,7 @@ func TestPusherBody(t *testing.T) {
 }
 
 // The headers Pusher's libraries check. The signature below was checked
-// with the official pusher npm SDK (pusher@5.3.1, whose webhook check is
+// with the official pusher npm SDK (pusher@5.3.4, whose webhook check is
 // what Pusher's Node users run), outside the tests:
 //
 //	cd /tmp/pxhook-npm && npm install pusher@5
