@@ -68,6 +68,10 @@ type Config struct {
 	// entries each, rounded up) for Webhooks' Sender. Every node of a
 	// deployment must agree on it.
 	WebhookQueue int
+	// WebhookGroups are the consumer groups that read the queue, one per
+	// webhook format (WebhookGroup, PusherWebhookGroup); nil: WebhookGroup
+	// alone. Every node of a deployment must agree on them.
+	WebhookGroups []string
 	// WebhookClaimIdle: the events a node read and has not renewed for this
 	// long (it died) are claimed by another node. 3 × NodeTTL.
 	WebhookClaimIdle time.Duration
@@ -107,7 +111,7 @@ type Store struct {
 	unpublished backlog[pubMsg]     // changes whose publish failed, retried by flushLoop
 
 	subs *subscriber
-	wh   *whQueue // nil: webhooks off
+	wh   map[string]*whQueue // by consumer group; nil: webhooks off
 
 	healthy atomic.Bool
 	beaten  atomic.Bool  // the first beat is done
@@ -226,14 +230,22 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s.healthy.Store(true)
 	if cfg.WebhookQueue > 0 {
-		s.wh = newWHQueue(s)
+		groups := cfg.WebhookGroups
+		if len(groups) == 0 {
+			groups = []string{WebhookGroup}
+		}
+		s.wh = map[string]*whQueue{}
 		all := make([]int, numShards)
 		for sh := range all {
 			all[sh] = sh
 		}
-		if err := s.wh.makeGroups(ctx, all); err != nil {
-			_ = s.rdb.Close()
-			return nil, fmt.Errorf("redisstore: webhook queue: %w", err)
+		for _, g := range groups {
+			q := newWHQueue(s, g, groups)
+			if err := q.makeGroups(ctx, all); err != nil {
+				_ = s.rdb.Close()
+				return nil, fmt.Errorf("redisstore: webhook queue: %w", err)
+			}
+			s.wh[g] = q
 		}
 	}
 	s.subs = newSubscriber(s)
