@@ -440,28 +440,62 @@ func waitUntil(ctx context.Context, max time.Duration, cond func() bool) {
 	}
 }
 
-// sweepLoop drives the store's deadlines and refreshes the gauges.
+// sweepLoop drives the store's deadlines and refreshes the gauges: every
+// SweepInterval, and when a store.Scheduler's next grace end or status
+// expiry is due, so that its change is published on time.
 func (s *Server) sweepLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.SweepInterval)
 	defer t.Stop()
+	sched, _ := s.store.(store.Scheduler)
+	var rescheduled <-chan struct{}
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
+	arm := func() {
+		if sched == nil {
+			return
+		}
+		next := sched.NextDeadline()
+		if next.IsZero() {
+			due.Stop()
+			return
+		}
+		// Clamped: a tick comes anyway, and a deadline due now must not
+		// make the loop spin.
+		due.Reset(min(max(next.Sub(s.cfg.Now()), time.Millisecond), s.cfg.SweepInterval))
+	}
+	if sched != nil {
+		rescheduled = sched.Rescheduled()
+		arm()
+	}
 	for {
 		select {
 		case <-s.stop:
 			return
+		case <-rescheduled:
+			arm()
+			continue
 		case <-t.C:
+		case <-due.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := s.store.Sweep(ctx); err != nil {
-			s.metrics.storeErrors.WithLabelValues(store.OpSweep).Inc()
-			s.log.Warn("sweep failed", "err", err)
-		}
-		cancel()
-		s.metrics.connections.Set(float64(s.hub.count()))
-		if c, ok := s.store.(store.Counter); ok {
-			_, present := c.Counts()
-			s.metrics.usersOnline.Set(float64(present))
-		}
+		s.sweepOnce()
+		arm()
+	}
+}
+
+// sweepOnce runs the store's due deadlines and refreshes the gauges.
+func (s *Server) sweepOnce() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := s.store.Sweep(ctx); err != nil {
+		s.metrics.storeErrors.WithLabelValues(store.OpSweep).Inc()
+		s.log.Warn("sweep failed", "err", err)
+	}
+	cancel()
+	s.metrics.connections.Set(float64(s.hub.count()))
+	if c, ok := s.store.(store.Counter); ok {
+		_, present := c.Counts()
+		s.metrics.usersOnline.Set(float64(present))
 	}
 }
 

@@ -172,6 +172,18 @@ type Resyncer interface {
 // MemberCounter is implemented by stores that count a team's members
 // without listing them: a node decides with it whether a team is large
 // (--large-team) when its first local member connects.
+// Scheduler is a store that knows when its next publishing deadline (a
+// grace end, a status expiry) falls: the server then sweeps when it is due
+// instead of at the next tick. Other deadlines wait for the tick.
+type Scheduler interface {
+	// NextDeadline is the earliest time at which a Sweep publishes
+	// something, on the store's clock; zero when nothing is pending.
+	NextDeadline() time.Time
+	// Rescheduled is signalled when a deadline earlier than the one last
+	// reported by NextDeadline is added.
+	Rescheduled() <-chan struct{}
+}
+
 type MemberCounter interface {
 	MemberCount(ctx context.Context, team string) (int, error)
 }

@@ -59,6 +59,9 @@ type Store struct {
 	handler store.Handler
 
 	onBroadcast atomic.Pointer[func([]byte)] // nil: messages are dropped
+
+	reported    time.Time     // the deadline NextDeadline last reported; guarded by mu
+	rescheduled chan struct{} // Rescheduled; one pending signal at most
 }
 
 var (
@@ -67,6 +70,7 @@ var (
 	_ store.Observable   = (*Store)(nil)
 	_ store.StateReader  = (*Store)(nil)
 	_ store.Counter      = (*Store)(nil)
+	_ store.Scheduler    = (*Store)(nil)
 	_ store.StatusStore  = (*Store)(nil)
 	_ store.TeamsBatcher = (*Store)(nil)
 
@@ -96,14 +100,15 @@ func New(cfg Config) (*Store, error) {
 		cfg.Now = time.Now
 	}
 	return &Store{
-		now:      cfg.Now,
-		obs:      cfg.Observer,
-		onChange: cfg.OnChange,
-		tracker:  presence.NewTracker(presence.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter}),
-		teams:    make(map[string]map[string]struct{}),
-		userOf:   make(map[string]map[string]struct{}),
-		sorted:   make(map[string][]string),
-		infos:    make(map[string]map[string][]byte),
+		now:         cfg.Now,
+		obs:         cfg.Observer,
+		onChange:    cfg.OnChange,
+		tracker:     presence.NewTracker(presence.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter}),
+		teams:       make(map[string]map[string]struct{}),
+		userOf:      make(map[string]map[string]struct{}),
+		sorted:      make(map[string][]string),
+		infos:       make(map[string]map[string][]byte),
+		rescheduled: make(chan struct{}, 1),
 
 		countsTTL: cfg.ChannelCountsTTL,
 	}, nil
@@ -382,6 +387,13 @@ func (s *Store) transition(op string, apply func(now time.Time) (presence.Outcom
 		s.mu.Unlock()
 		return fmt.Errorf("memstore: %s: %w", op, err)
 	}
+	if next := s.tracker.NextPublish(); !next.IsZero() && (s.reported.IsZero() || next.Before(s.reported)) {
+		s.reported = next
+		select {
+		case s.rescheduled <- struct{}{}:
+		default:
+		}
+	}
 	var events []store.PresenceEvent
 	if len(out.Changes) > 0 {
 		events = make([]store.PresenceEvent, len(out.Changes))
@@ -426,3 +438,14 @@ func sortedKeys(m map[string]struct{}) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// NextDeadline implements store.Scheduler.
+func (s *Store) NextDeadline() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reported = s.tracker.NextPublish()
+	return s.reported
+}
+
+// Rescheduled implements store.Scheduler.
+func (s *Store) Rescheduled() <-chan struct{} { return s.rescheduled }
