@@ -111,7 +111,15 @@ func TestChannelCountsDropSparesAFreshRefresh(t *testing.T) {
 	must(t, a.SetChannelCounts(ctx, map[string]int{"x": 1}))
 	old, err := r.Do("GET", pxStampKey("a"))
 	must(t, err)
-	must(t, a.SetChannelCounts(ctx, map[string]int{"x": 2})) // refreshed meanwhile
+	// Refreshed meanwhile, at a later millisecond of Redis's clock (two
+	// writes within one carry the same stamp).
+	testwait.For(t, 5*time.Second, func() error {
+		must(t, a.SetChannelCounts(ctx, map[string]int{"x": 2}))
+		if cur, err := r.Do("GET", pxStampKey("a")); err != nil || cur == old {
+			return fmt.Errorf("stamp %s still %s (%v)", pxStampKey("a"), old, err)
+		}
+		return nil
+	})
 	v, err := a.sc.pxDrop.Run(ctx, a.rdb, []string{pxCountsKey("a"), pxStampKey("a")}, old).Result()
 	must(t, err)
 	if toInt(v) != 0 {

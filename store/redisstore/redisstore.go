@@ -136,6 +136,7 @@ type Store struct {
 	stop           chan struct{} // closed by Close; never sent on
 	wg             sync.WaitGroup
 	closed         atomic.Bool
+	graceSweeps    atomic.Int64 // sweeps at a grace end (sweepAtGraceEnd) run
 }
 
 var (
@@ -488,6 +489,9 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 	}
 	dc := s.disconnectCall(connID, lc.user, lc.node, cause, true)
 	v, err := run(ctx, s.rdb, s.sc.disconnect, dc.keys, dc.args...)
+	if err == nil {
+		s.sweepAtGraceEnd(shardOf(lc.user))
+	}
 	if err != nil {
 		if !isRedisReply(err) {
 			s.endLater(pendingEnd{id: connID, user: lc.user, node: lc.node, cause: cause, known: true})
@@ -506,28 +510,69 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 // ForgetAfter (see forget).
 func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
+	shards := make([]int, numShards)
+	for sh := range shards {
+		shards[sh] = sh
+	}
+	s.m.sweeps.Inc()
+	err := s.sweepShards(ctx, shards, start)
+	if err == nil {
+		err = s.forget(ctx)
+	}
+	if err != nil {
+		return s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep: %w", err))
+	}
+	return nil
+}
+
+// sweepCall is the sweep script's call for shard sh.
+func (s *Store) sweepCall(sh int) call {
 	// Recovering from a loss lasts until the hold-off after this node wrote
 	// its connections back: a sweep of an emptied shard that comes only
 	// after that finds no sweep record and this node in NODES, as in a
 	// fresh Redis, and must still mark it emptied for the others' sake.
 	recovering := boolArg(!s.healthy.Load() || s.lostData.Load() || s.awaitingResync.Load())
-	mk := func(sh int) call {
-		return call{keys: shardKeys(sh), args: []any{s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
-			s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds(),
-			s.cfg.Node, recovering}}
+	return call{keys: shardKeys(sh), args: []any{s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
+		s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds(),
+		s.cfg.Node, recovering}}
+}
+
+// sweepAtGraceEnd sweeps shard sh once more when a grace that a disconnect
+// may just have started is over, so that its offline is published on time
+// rather than at the next tick. Any node may sweep any shard: the script's
+// claims make a second sweep harmless.
+func (s *Store) sweepAtGraceEnd(sh int) {
+	if s.cfg.Grace <= 0 {
+		return
 	}
-	calls := make([]call, numShards)
-	for sh := range calls {
-		calls[sh] = mk(sh)
+	// A few ms past it: the grace runs on Redis's clock from the script.
+	time.AfterFunc(s.cfg.Grace+5*time.Millisecond, func() {
+		if s.closed.Load() {
+			return
+		}
+		s.graceSweeps.Add(1)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.sweepShards(ctx, []int{sh}, time.Now()); err != nil {
+			_ = s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep at grace end: %w", err))
+		}
+	})
+}
+
+// sweepShards sweeps shards and publishes what they claimed, even when
+// some fail.
+func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) error {
+	calls := make([]call, len(shards))
+	for i, sh := range shards {
+		calls[i] = s.sweepCall(sh)
 	}
-	// What the healthy shards claimed is published even when others fail.
 	replies, errs := s.evalMany(ctx, s.sc.sweep, calls)
 	newlyEmptied := false
-	s.m.sweeps.Inc()
 	var err error
-	for sh, v := range replies {
-		if errs[sh] != nil {
-			err = cmp.Or(err, errs[sh])
+	for i, v := range replies {
+		sh := shards[i]
+		if errs[i] != nil {
+			err = cmp.Or(err, errs[i])
 			continue
 		}
 		r, _ := v.([]any)
@@ -555,13 +600,7 @@ func (s *Store) Sweep(ctx context.Context) error {
 		s.lostData.Store(true)
 		s.healthy.Store(false)
 	}
-	if err == nil {
-		err = s.forget(ctx)
-	}
-	if err != nil {
-		return s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep: %w", err))
-	}
-	return nil
+	return err
 }
 
 // forgetBatch bounds the users one shard forgets in one script.
