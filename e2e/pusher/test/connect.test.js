@@ -30,9 +30,14 @@ test('a wrong app key: pusher:error 4001, then the socket closes with 4001', { t
   assert.equal(await sock.closed, 4001);
   assert.ok(!sock.frames.some((f) => f.event === 'pusher:connection_established'), 'no connection_established');
 
-  // pusher-js gives up on a 4001 (4000-4099: do not reconnect).
+  // pusher-js takes 4000-4099 as "refused": it reports the error and
+  // disconnects for good.
   const client = pusherClient(t, server, { user: 'alice', key: 'not-the-key' });
-  await waitForState(client, 'failed');
+  await waitFor(() => client.connErrors.some((e) => e.error?.data?.code === 4001), {
+    timeout: 10000, message: () => `pusher-js to report error 4001; it reported ${JSON.stringify(client.connErrors)}`,
+  });
+  await waitForState(client, 'disconnected');
+  assert.ok(!client.states.includes('connected'), `never connected: ${client.states.join(' → ')}`);
 });
 
 test('pusher:ping is answered with pusher:pong', { timeout: 30000 }, async (t) => {

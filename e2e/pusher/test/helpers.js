@@ -86,7 +86,8 @@ export function pusherOptions(port) {
  * authorize(socketId, channel) replaces that signing (bad signatures);
  * signin {id, user_info, watchlist} is what user authentication signs.
  * The client records connection states (client.states), pusher:error frames
- * (client.errors) and every channel event (client.log).
+ * (client.errors), connection errors (client.connErrors) and every channel
+ * event (client.log).
  */
 export function pusherClient(t, server, { user, info = {}, authorize, signin, key = APP.key, port = server.port, options = {} } = {}) {
   const sdk = backend(server);
@@ -110,7 +111,9 @@ export function pusherClient(t, server, { user, info = {}, authorize, signin, ke
   client.states = [];
   client.errors = [];
   client.log = [];
+  client.connErrors = [];
   client.connection.bind('state_change', (s) => client.states.push(s.current));
+  client.connection.bind('error', (e) => client.connErrors.push(e));
   client.bind('pusher:error', (data) => client.errors.push(data));
   t.after(() => client.disconnect());
   return client;
