@@ -4,7 +4,7 @@
 
 import { test } from 'node:test';
 import {
-  assert, startRedis, startGreendot, pusherClient, backend, subscribe, waitEvent, status, uniq,
+  assert, startRedis, startGreendot, pusherClient, backend, subscribe, waitEvent, waitFor, status, uniq,
 } from './helpers.js';
 
 function events(ch, name) {
@@ -117,14 +117,18 @@ test('two nodes on one Redis: triggers and batches reach sockets on both, REST r
   await subscribe(alice, ch);
   await subscribe(bob, ch);
 
+  const all = [['alice on n1', aPub], ['alice on n1', aPriv], ['bob on n2', bPub], ['bob on n2', bPriv]];
+  const everyone = (event) => waitFor(() => all.every(([, c]) => c.log.some((e) => e.event === event)), {
+    message: () => `${event} on every socket; missing for ${all.filter(([, c]) => !c.log.some((e) => e.event === event)).map(([who, c]) => `${who} on ${c.name}`).join(', ')}`,
+  });
   await backend(n1).trigger([pub, priv], 'from-n1', { n: 1 });
-  for (const c of [aPub, aPriv, bPub, bPriv]) await waitEvent(c, 'from-n1');
+  await everyone('from-n1');
 
   await backend(n2).triggerBatch([
     { channel: pub, name: 'batch-n2', data: { n: 2 } },
     { channel: priv, name: 'batch-n2', data: { n: 3 } },
   ]);
-  for (const c of [aPub, aPriv, bPub, bPriv]) await waitEvent(c, 'batch-n2');
+  await everyone('batch-n2');
 
   // Excluding bob's socket from n1: the exclusion crosses nodes too.
   await backend(n1).trigger(pub, 'not-for-bob', {}, { socket_id: bob.connection.socket_id });
