@@ -3,7 +3,7 @@
 
 import { test } from 'node:test';
 import Echo from 'laravel-echo';
-import { assert, startGreendot, pusherClient, waitFor, uniq, GRACE_MS } from './helpers.js';
+import { assert, startGreendot, pusherClient, backend, waitFor, uniq, GRACE_MS } from './helpers.js';
 
 /** An Echo on a pusher-js client of user (info is what the app's auth returns). */
 function echoFor(t, server, user, info) {
@@ -56,4 +56,33 @@ test('Echo.join: here lists who is in, joining and leaving follow users, not tab
   assert.deepEqual(a.leaving, [bob]);
   assert.deepEqual(a.joining, [bob], 'one joining for two tabs');
   assert.deepEqual(a.errors, []);
+});
+
+test('Echo.private().listen() gets a Laravel event broadcast through the SDK; whisper() reaches the others', { timeout: 30000 }, async (t) => {
+  const server = await startGreendot(t, { clientEvents: true });
+  const orders = `orders.${uniq('1')}`;
+  const aliceEcho = echoFor(t, server, 'alice', { id: 'alice' });
+  const bobEcho = echoFor(t, server, 'bob', { id: 'bob' });
+  const shipped = [];
+  const typing = [];
+  let subscribed = 0;
+  for (const echo of [aliceEcho, bobEcho]) {
+    echo.private(orders)
+      .subscribed(() => { subscribed++; })
+      .listen('OrderShipped', (e) => shipped.push(e))
+      .listenForWhisper('typing', (e) => typing.push(e));
+  }
+  await waitFor(() => subscribed === 2, { message: `both subscribed to private-${orders}` });
+
+  // What Laravel's Pusher broadcaster sends for App\Events\OrderShipped.
+  await backend(server).trigger(`private-${orders}`, 'App\\Events\\OrderShipped', { order: { id: 1 } });
+  await waitFor(() => shipped.length === 2, { message: () => `OrderShipped for both; got ${JSON.stringify(shipped)}` });
+  assert.deepEqual(shipped[0], { order: { id: 1 } });
+
+  aliceEcho.private(orders).whisper('typing', { name: 'Alice' });
+  await waitFor(() => typing.length === 1, { message: 'bob to get alice’s whisper' });
+  // A broadcast after it reaches alice after any echo of the whisper would.
+  await backend(server).trigger(`private-${orders}`, 'App\\Events\\OrderShipped', { order: { id: 2 } });
+  await waitFor(() => shipped.length === 4, { message: 'the second OrderShipped for both' });
+  assert.deepEqual(typing, [{ name: 'Alice' }], 'bob got it, and alice was not echoed');
 });

@@ -95,6 +95,8 @@ test('a bad signature is a pusher:subscription_error (AuthError), never subscrip
   const err = await subscribe(mallory, ch).then(() => null, (e) => e);
   assert.ok(err?.detail, `a subscription_error; got ${err?.message ?? 'subscription_succeeded'}`);
   assert.equal(err.detail.type, 'AuthError', JSON.stringify(err.detail));
+  assert.equal(typeof err.detail.error, 'string', JSON.stringify(err.detail));
+  assert.equal(typeof err.detail.status, 'number', JSON.stringify(err.detail));
   assert.equal(mallory.channel(ch).subscribed, false);
 
   // The same on the wire, from a raw socket: the error names the channel.
