@@ -137,14 +137,21 @@ test('two nodes on one Redis: triggers and batches reach sockets on both, REST r
   await waitEvent(aPub, 'not-for-bob');
   assert.deepEqual(events(bPub, 'not-for-bob'), []);
 
+  // Channel counts over many nodes may be a few seconds old (each node
+  // writes its own about every second): poll for them.
   for (const [name, node] of [['n1', n1], ['n2', n2]]) {
     const sdk = backend(node);
-    const list = await (await sdk.get({ path: '/channels', params: { filter_by_prefix: 'presence-', info: 'user_count' } })).json();
-    assert.deepEqual(list.channels[ch], { user_count: 2 }, `GET /channels on ${name}: ${JSON.stringify(list)}`);
-    const one = await (await sdk.get({ path: `/channels/${ch}`, params: { info: 'user_count,subscription_count' } })).json();
-    assert.equal(one.user_count, 2, `GET /channels/${ch} on ${name}: ${JSON.stringify(one)}`);
-    assert.equal(one.subscription_count, 2, `GET /channels/${ch} on ${name}: ${JSON.stringify(one)}`);
-    const users = await (await sdk.get({ path: `/channels/${ch}/users` })).json();
+    const read = async (p, params) => (await sdk.get({ path: p, params })).json();
+    let last;
+    await waitFor(async () => {
+      last = await read('/channels', { filter_by_prefix: 'presence-', info: 'user_count' });
+      return last.channels[ch]?.user_count === 2;
+    }, { timeout: 8000, interval: 200, message: () => `GET /channels on ${name} to give ${ch} user_count 2: ${JSON.stringify(last)}` });
+    await waitFor(async () => {
+      last = await read(`/channels/${ch}`, { info: 'user_count,subscription_count' });
+      return last.user_count === 2 && last.subscription_count === 2;
+    }, { timeout: 8000, interval: 200, message: () => `GET /channels/${ch} on ${name} to count 2 users, 2 subscriptions: ${JSON.stringify(last)}` });
+    const users = await read(`/channels/${ch}/users`);
     assert.deepEqual(users.users.map((u) => u.id).sort(), ['alice', 'bob'], `users on ${name}`);
   }
 });
