@@ -1,6 +1,8 @@
 // Limits, answered as Pusher answers them: event data over 10 KiB is a 413;
-// a channel name with bad characters or over 164 characters a pusher:error
-// (client) or a 400 (REST); more than 100 channels in one trigger a 400.
+// a channel name with bad characters or over 164 characters a
+// pusher:subscription_error on that channel, which pusher-js hands to the
+// channel's own error handler (client), or a 400 (REST); more than 100
+// channels in one trigger a 400.
 
 import { test } from 'node:test';
 import { assert, startGreendot, pusherClient, backend, subscribe, waitEvent, rawConnected, status, uniq } from './helpers.js';
@@ -42,14 +44,17 @@ test('REST: a bad channel name or one over 164 characters is a 400; more than 10
   assert.equal(batch.status, 400, 'a bad channel name in a batch');
 });
 
-test('client: subscribing to a bad channel name or one over 164 characters is a pusher:error', { timeout: 30000 }, async (t) => {
+test('client: subscribing to a bad channel name or one over 164 characters is a subscription_error', { timeout: 30000 }, async (t) => {
   const server = await startGreendot(t);
   for (const name of ['bad channel!', 'x'.repeat(165), 'ünïcode']) {
     const sock = await rawConnected(t, server);
     sock.send('pusher:subscribe', { channel: name });
-    const f = await sock.waitFrame((x) => x.event === 'pusher:error' || x.event === 'pusher_internal:subscription_succeeded',
-      `pusher:error for channel ${JSON.stringify(name.slice(0, 20))} (${name.length} chars)`);
-    assert.equal(f.event, 'pusher:error', `channel ${JSON.stringify(name.slice(0, 20))}: ${JSON.stringify(f)}`);
+    const f = await sock.waitFrame((x) => x.event === 'pusher:subscription_error' || x.event === 'pusher_internal:subscription_succeeded',
+      `subscription_error for channel ${JSON.stringify(name.slice(0, 20))} (${name.length} chars)`);
+    assert.equal(f.event, 'pusher:subscription_error', `channel ${JSON.stringify(name.slice(0, 20))}: ${JSON.stringify(f)}`);
+    assert.equal(f.channel, name);
+    assert.equal(f.data.type, 'InvalidChannel');
+    assert.equal(f.data.status, 400);
   }
   const ok = await rawConnected(t, server);
   ok.send('pusher:subscribe', { channel: 'x'.repeat(164) });
