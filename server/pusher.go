@@ -112,21 +112,7 @@ func newPusher(s *Server) *pxServer {
 // handleApp upgrades /app/{key}: Pusher refuses a wrong key or protocol
 // after the upgrade, with pusher:error and the same close code.
 func (s *Server) handleApp(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Connection", "close")
-	r.Close = true
-	if s.draining.Load() {
-		s.metrics.connectsRejected.WithLabelValues(reasonDraining).Inc()
-		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "this node is draining; connect to another")
-		return
-	}
-	if !s.originAllowed(r) {
-		s.metrics.connectsRejected.WithLabelValues(reasonForbiddenOrigin).Inc()
-		writeError(w, http.StatusForbidden, protocol.CodeForbiddenOrigin, "this Origin may not connect (see --allowed-origins)")
-		return
-	}
-	if !websocketRequest(r) {
-		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
-		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "expected a WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)")
+	if !s.mayConnect(w, r) || !s.validUpgrade(w, r) {
 		return
 	}
 	ws, err := s.upgrader.Upgrade(w, r, nil)

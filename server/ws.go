@@ -74,20 +74,7 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 // handleConnect authenticates, upgrades, registers the connection and sends
 // welcome and snapshot.
 func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
-	// A refused connect closes its connection: the request gate stops
-	// reading a connection as HTTP once an upgrade request is handed over
-	// (server.go, onData). An upgrade hijacks the connection and sends its
-	// own headers, so this only reaches refusals.
-	w.Header().Set("Connection", "close")
-	r.Close = true
-	if s.draining.Load() {
-		s.metrics.connectsRejected.WithLabelValues(reasonDraining).Inc()
-		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "this node is draining; connect to another")
-		return
-	}
-	if !s.originAllowed(r) {
-		s.metrics.connectsRejected.WithLabelValues(reasonForbiddenOrigin).Inc()
-		writeError(w, http.StatusForbidden, protocol.CodeForbiddenOrigin, "this Origin may not connect (see --allowed-origins)")
+	if !s.mayConnect(w, r) {
 		return
 	}
 	id, err := s.auth.authenticate(r)
@@ -102,22 +89,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, err.Error())
 		return
 	}
-	if !websocketRequest(r) {
-		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
-		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "expected a WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)")
-		return
-	}
-	// Checked here so that the answer is JSON like every other error; the
-	// upgrader would answer these in plain text.
-	if !headerHas(r.Header, "Sec-WebSocket-Version", "13") {
-		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
-		w.Header().Set("Sec-WebSocket-Version", "13")
-		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "unsupported WebSocket version; this server speaks 13")
-		return
-	}
-	if key, err := base64.StdEncoding.DecodeString(r.Header.Get("Sec-WebSocket-Key")); err != nil || len(key) != 16 {
-		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
-		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "Sec-WebSocket-Key must be 16 random bytes in base64")
+	if !s.validUpgrade(w, r) {
 		return
 	}
 	device := "web"
@@ -252,6 +224,50 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	if !id.expiry.IsZero() {
 		c.setExpiry(id.expiry.Sub(now))
 	}
+}
+
+// mayConnect refuses a connect while the node drains or from an Origin not
+// allowed. A refused connect closes its connection: the request gate stops
+// reading a connection as HTTP once an upgrade request is handed over
+// (server.go, onData). An upgrade hijacks the connection and sends its own
+// headers, so the close only reaches refusals.
+func (s *Server) mayConnect(w http.ResponseWriter, r *http.Request) bool {
+	w.Header().Set("Connection", "close")
+	r.Close = true
+	if s.draining.Load() {
+		s.metrics.connectsRejected.WithLabelValues(reasonDraining).Inc()
+		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "this node is draining; connect to another")
+		return false
+	}
+	if !s.originAllowed(r) {
+		s.metrics.connectsRejected.WithLabelValues(reasonForbiddenOrigin).Inc()
+		writeError(w, http.StatusForbidden, protocol.CodeForbiddenOrigin, "this Origin may not connect (see --allowed-origins)")
+		return false
+	}
+	return true
+}
+
+// validUpgrade checks the WebSocket handshake here so that a bad one is
+// answered in JSON like every other error; the upgrader would answer in
+// plain text.
+func (s *Server) validUpgrade(w http.ResponseWriter, r *http.Request) bool {
+	if !websocketRequest(r) {
+		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
+		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "expected a WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)")
+		return false
+	}
+	if !headerHas(r.Header, "Sec-WebSocket-Version", "13") {
+		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
+		w.Header().Set("Sec-WebSocket-Version", "13")
+		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "unsupported WebSocket version; this server speaks 13")
+		return false
+	}
+	if key, err := base64.StdEncoding.DecodeString(r.Header.Get("Sec-WebSocket-Key")); err != nil || len(key) != 16 {
+		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
+		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "Sec-WebSocket-Key must be 16 random bytes in base64")
+		return false
+	}
+	return true
 }
 
 // reserveConn counts a connect of user against MaxConnectionsPerUser: the
