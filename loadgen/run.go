@@ -233,8 +233,9 @@ func (d *driver) waitConns(ctx context.Context, want int, limit time.Duration) e
 	}
 }
 
-// waitQuiet waits until the servers' deliveries counter stops moving for
-// a second, for at most limit: the connect phase's fan-out has drained.
+// waitQuiet waits until the servers' deliveries counter, and their Pusher
+// member events, stop moving for a second, for at most limit: the connect
+// phase's fan-out has drained.
 func (d *driver) waitQuiet(ctx context.Context, limit time.Duration) {
 	deadline := time.Now().Add(limit)
 	last, still := -1.0, 0
@@ -243,7 +244,7 @@ func (d *driver) waitQuiet(ctx context.Context, limit time.Duration) {
 		if err != nil {
 			return
 		}
-		if v := s.Get(mDeliveries); v == last {
+		if v := s.Get(mDeliveries) + s.Sum(mPusherEvents); v == last {
 			still++
 		} else {
 			last, still = v, 0
