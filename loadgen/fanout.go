@@ -303,6 +303,9 @@ func driveFanout(ctx context.Context, d *driver) error {
 		res.add("pusher_subscription_errors", "subscriptions the servers refused", s2.Sum(mPusherErrors)-s1.Sum(mPusherErrors), "")
 		res.goal(0, false, "0")
 	}
+	if o.Protocol == protoPusher {
+		d.reportDrops()
+	}
 	res.serverFigures(s1, s2)
 	return nil
 }

@@ -113,6 +113,9 @@ func driveIdle(ctx context.Context, d *driver) error {
 		res.add("heartbeats_per_s", "heartbeats absorbed", (s2.Get(mHeartbeats)-s1.Get(mHeartbeats))/held.Seconds(), "/s")
 	}
 	res.add("server_goroutines", "server goroutines", s2.Get(mGoroutines), "")
+	if o.Protocol == protoPusher {
+		d.reportDrops()
+	}
 	res.serverFigures(s1, s2)
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -36,9 +37,10 @@ type pxSocket struct {
 	socketID string
 	members  int // in the subscription_succeeded answer
 
-	cancel context.CancelFunc // ends the reader and the pinger
-	done   chan struct{}      // closed when the reader ends
-	pinged chan struct{}      // closed when the pinger ends
+	cancel  context.CancelFunc // ends the reader and the pinger
+	done    chan struct{}      // closed when the reader ends
+	pinged  chan struct{}      // closed when the pinger ends
+	closing atomic.Bool        // Close was called: the reader's end is no drop
 }
 
 // pxFrame is a server frame. Data of pusher: and pusher_internal: events
@@ -217,6 +219,9 @@ func (s *pxSocket) read(ctx context.Context, ctr *counters, ev pxEvents) {
 	for {
 		f, err := readPx(ctx, s.conn)
 		if err != nil {
+			if !s.closing.Load() {
+				ctr.drop(err.Error())
+			}
 			return
 		}
 		switch f.Event {
@@ -271,9 +276,21 @@ func (s *pxSocket) ping(ctx context.Context, activity time.Duration) {
 // Close ends the socket with a normal close and waits for its reader and
 // pinger.
 func (s *pxSocket) Close() error {
+	s.closing.Store(true)
 	err := s.conn.Close(websocket.StatusNormalClosure, "")
 	s.cancel()
 	<-s.done
 	<-s.pinged
 	return err
+}
+
+// reportDrops adds the Pusher sockets that ended before the run closed
+// them: the server closed them, or their TCP connection broke.
+func (d *driver) reportDrops() {
+	p := d.progress()
+	d.res.add("pusher_dropped", "Pusher sockets closed under the load generator", float64(p.Drops), "")
+	d.res.goal(0, false, "0")
+	if p.Drops > 0 {
+		d.res.note("%d Pusher sockets ended before the run closed them; the first: %s", p.Drops, p.DropReason)
+	}
 }

@@ -225,7 +225,11 @@ func (d *driver) waitConns(ctx context.Context, want int, limit time.Duration) e
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("loadgen: the servers count %d connections after %v, want %d", int(s.Get(mConns)), limit, want)
+			err := fmt.Errorf("loadgen: the servers count %d connections after %v, want %d", int(s.Get(mConns)), limit, want)
+			if p := d.progress(); p.Drops > 0 {
+				err = fmt.Errorf("%w; %d connections were closed under the load generator, the first: %s", err, p.Drops, p.DropReason)
+			}
+			return err
 		}
 		if !sleepCtx(ctx, 200*time.Millisecond) {
 			return ctx.Err()

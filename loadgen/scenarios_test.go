@@ -236,6 +236,7 @@ func TestScenarioIdlePusher(t *testing.T) {
 	expectPositive(t, r, "connect_rate", "connect_p99_ms", "heartbeats_per_s", "server_goroutines", "server_rss_mib")
 	fig(t, r, "rss_per_conn_kib")
 	fig(t, r, "cpu_us_per_conn_minute")
+	expectZero(t, r, "pusher_dropped")
 	if p := r.Params["protocol"]; p != protoPusher {
 		t.Errorf("protocol = %v", p)
 	}
@@ -251,7 +252,7 @@ func TestScenarioFanoutPusher(t *testing.T) {
 		t.Errorf("received %v of %v member events of the subject, want 40", got, want)
 	}
 	expectPositive(t, r, "online_p50_ms", "online_max_ms", "offline_max_ms")
-	expectZero(t, r, "deliveries_missing", "deliveries_spurious", "pusher_errors", "pusher_subscription_errors")
+	expectZero(t, r, "deliveries_missing", "deliveries_spurious", "pusher_errors", "pusher_subscription_errors", "pusher_dropped")
 	if _, ok := r.Figure("online_from_transition_p50_ms"); ok {
 		t.Error("a Pusher run reports a server-time figure its frames do not carry")
 	}
@@ -294,6 +295,9 @@ func TestPusherSocket(t *testing.T) {
 	if got := ctr.conns.Load(); got != 1 {
 		t.Errorf("%d sockets counted up, want 1", got)
 	}
+	if p := ctr.progress(); p.Drops != 0 {
+		t.Errorf("a socket the run closed counts as dropped: %+v", p)
+	}
 
 	bad := o
 	bad.PusherSecret = "wrong"
@@ -307,6 +311,51 @@ func TestPusherSocket(t *testing.T) {
 	}
 	if got := ctr.dialErrs.Load(); got != 1 {
 		t.Errorf("%d dial errors counted, want 1", got)
+	}
+}
+
+// A socket the server ends is a drop, with the server's reason; one the
+// run closes is not.
+func TestPusherSocketDropped(t *testing.T) {
+	st, err := memstore.New(memstore.Config{TTL: testTTL, Grace: testGrace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{Addr: "127.0.0.1:0", Store: st, TTL: testTTL, HeartbeatInterval: testHeartbeat,
+		Grace: testGrace, DrainSpread: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Pusher: server.PusherConfig{AppID: "1", Key: testPusherKey, Secret: testPusherSecret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	o, err := pusherOptions(Options{Targets: []string{"ws://" + srv.Addr()}, RunID: "px"}).withDefaults("idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := &counters{}
+	dl := newDialer(&o, ctr)
+	defer dl.closeIdle()
+	down := make(chan struct{})
+	s, err := dl.dialPusher(context.Background(), &member{user: "alice"}, "presence-t", pxEvents{onDown: func() { close(down) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	select {
+	case <-down:
+	case <-ctx.Done():
+		t.Fatal("the socket did not end when its server shut down")
+	}
+	_ = s.Close()
+	p := ctr.progress()
+	if p.Drops != 1 || !strings.Contains(p.DropReason, "close frame") || p.Conns != 0 {
+		t.Errorf("after the server's shutdown: %+v, want 1 drop with the server's close frame and no socket up", p)
 	}
 }
 
