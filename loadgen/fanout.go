@@ -243,6 +243,11 @@ func driveFanout(ctx context.Context, d *driver) error {
 		if err != nil {
 			return err
 		}
+		if heard := countHeard(on); round == 0 && heard == 0 && r.Dialed > 0 {
+			// Nobody: most likely the team is large at the server, whose
+			// viewers get only the members they watch (DESIGN.md Part 1b).
+			return fmt.Errorf("loadgen: no viewer heard the subject come online; is the team (%d members) over the server's --large-team (default 1000)? Start it with --large-team %d or more", r.Dialed+1, r.Dialed+1)
+		}
 		off, err := callAll[awaitReply](ctx, d, "await", awaitArgs{State: protocol.StateOffline,
 			T0: t1.Add(o.Grace).UnixNano(), TimeoutMS: (o.Grace + 10*time.Second).Milliseconds()})
 		if err != nil {
@@ -308,4 +313,13 @@ func driveFanout(ctx context.Context, d *driver) error {
 	}
 	res.serverFigures(s1, s2)
 	return nil
+}
+
+// countHeard is the viewers that got the change awaited.
+func countHeard(replies []awaitReply) int {
+	n := 0
+	for _, x := range replies {
+		n += x.Got
+	}
+	return n
 }

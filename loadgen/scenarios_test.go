@@ -151,6 +151,17 @@ func TestScenarioFanout(t *testing.T) {
 	expectZero(t, r, "deliveries_missing", "deliveries_spurious")
 }
 
+// A fan-out team over the server's --large-team reaches no viewer: the run
+// says so instead of reporting every change missing.
+func TestScenarioFanoutRefusesALargeTeam(t *testing.T) {
+	o := Options{N: 10, Rounds: 2, Targets: []string{startServer(t, func(c *server.Config) { c.LargeTeam = 5 })},
+		TeamSize: 10, Grace: testGrace, Samplers: 2, MaxTime: time.Minute, Progress: io.Discard}
+	_, err := Run(context.Background(), "fanout", o)
+	if err == nil || !strings.Contains(err.Error(), "--large-team 11") {
+		t.Fatalf("err = %v, want one naming --large-team 11", err)
+	}
+}
+
 func TestScenarioChurn(t *testing.T) {
 	r := runScenario(t, "churn", Options{N: 40, Rate: 25, Duration: 2 * time.Second})
 	expectPositive(t, r, "actions_flap", "actions_bounce", "actions_leave", "deliveries_per_s",

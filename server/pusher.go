@@ -596,7 +596,7 @@ func (p *pxServer) retainTeam(pc *pxConn, ch, team string) (*pxTeam, bool) {
 
 // onClose ends a Pusher socket: its subscriptions, and its user's
 // connection (which enters grace like a native one).
-func (p *pxServer) onClose(pc *pxConn) {
+func (p *pxServer) onClose(pc *pxConn, why error) {
 	p.mu.Lock()
 	_, counted := p.conns[pc]
 	delete(p.conns, pc)
@@ -628,6 +628,8 @@ func (p *pxServer) onClose(pc *pxConn) {
 		return
 	}
 	s := p.s
+	s.log.Debug("pusher socket closed", "socket", pc.socketID, "user", gc.user, "err", why,
+		"silent", time.Duration(s.cfg.Now().UnixNano()-pc.base.lastFrame.Load()))
 	cause := presence.Closed
 	switch {
 	case pc.base.closeFrame.Load():

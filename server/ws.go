@@ -766,13 +766,13 @@ func (s *Server) sharesTeamWith(ctx context.Context, viewer string, ids []string
 }
 
 // onClose ends the connection in the store: its user may enter grace.
-func (s *Server) onClose(ws *websocket.Conn, _ error) {
+func (s *Server) onClose(ws *websocket.Conn, why error) {
 	c, ok := ws.Session().(*client)
 	if !ok {
 		return
 	}
 	if c.px != nil {
-		s.px.onClose(c.px)
+		s.px.onClose(c.px, why)
 	}
 	c.markClosed()
 	s.untrackWrites(c)
