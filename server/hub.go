@@ -313,6 +313,9 @@ func (h *hub) drainAll(spread time.Duration) {
 	}
 	h.mu.RUnlock()
 	for _, c := range all {
+		if c.px != nil {
+			continue // a Pusher socket's: the Pusher side closes it with 4200 (pxServer.drain)
+		}
 		after := time.Duration(rand.Int64N(int64(spread) + 1))
 		c.mu.Lock()
 		// A connection still registering has had no welcome, which must

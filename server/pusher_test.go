@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"net/url"
 	"strings"
@@ -245,4 +246,25 @@ func TestPusherTerminateConnections(t *testing.T) {
 	if u, _ := a.MemberEvent("pusher_internal:member_removed", 5*time.Second); u != "ben" {
 		t.Fatalf("member_removed of %s", u)
 	}
+}
+
+// A draining node asks Pusher sockets to reconnect with 4200, Pusher's
+// "reconnect at once", never the native 1012.
+func TestPusherDrainSays4200(t *testing.T) {
+	ts := startPusher(t)
+	a := ts.pxDial(t, "a")
+	a.SubscribePresence("eng", "ann", "{}")
+	a.Members("presence-eng")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = ts.srv.Shutdown(ctx)
+	}()
+	f := a.Next("pusher:error")
+	if d, _ := f["data"].(map[string]any); d["code"] != float64(pusher.CodeReconnect) {
+		t.Fatalf("drain frame %v", f)
+	}
+	<-done
 }
