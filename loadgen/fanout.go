@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -27,6 +28,7 @@ type fanoutWorker struct {
 	last     []seen                // guarded by mu: per member, the latest subject change
 	received int                   // guarded by mu: subject changes received
 	noops    int                   // guarded by mu: subject changes that changed nothing
+	errors   int                   // guarded by mu: pusher:error frames (Protocol "pusher")
 	lat      map[string]*Histogram // guarded by mu: by state
 	fromAt   Histogram             // guarded by mu: online, from the server's transition
 }
@@ -73,11 +75,15 @@ type fanoutReply struct {
 	Offline  Histogram `json:"offline"`
 	Received int       `json:"received"`
 	Noops    int       `json:"noops"`
+	Errors   int       `json:"errors"`
 }
 
 func (w *fanoutWorker) handle(ctx context.Context, op string, raw json.RawMessage) (any, error) {
 	switch op {
 	case "connect":
+		if w.env.o.Protocol == protoPusher {
+			return connectAllPusher(ctx, w.env, w.ms, w.pusherEvents), nil
+		}
 		return connectAll(ctx, w.env, w.ms, func(m *member) client.Options {
 			co := w.env.dial.options(m)
 			j := w.pos[m]
@@ -109,12 +115,42 @@ func (w *fanoutWorker) handle(ctx context.Context, op string, raw json.RawMessag
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		return fanoutReply{Online: *w.lat[protocol.StateOnline], FromAt: w.fromAt, Offline: *w.lat[protocol.StateOffline],
-			Received: w.received, Noops: w.noops}, nil
+			Received: w.received, Noops: w.noops, Errors: w.errors}, nil
 	case "close":
 		closeAll(w.ms)
 		return struct{}{}, nil
 	}
 	return nil, unknownOp(op)
+}
+
+// pusherEvents records a Pusher viewer's member events of the subject, as
+// the native OnChange does its changes; Pusher frames carry no server time.
+func (w *fanoutWorker) pusherEvents(m *member) pxEvents {
+	j := w.pos[m]
+	return pxEvents{
+		onMember: func(e pxMemberEvent) {
+			w.env.ctr.changes.Add(1)
+			if e.UserID != w.subject {
+				return
+			}
+			state := protocol.StateOffline
+			if e.Added {
+				state = protocol.StateOnline
+			}
+			w.mu.Lock()
+			w.received++
+			if w.last[j].state == state {
+				w.noops++
+			}
+			w.last[j] = seen{state: state, received: e.Received}
+			w.mu.Unlock()
+		},
+		onError: func(pxFrame) {
+			w.mu.Lock()
+			w.errors++
+			w.mu.Unlock()
+		},
+	}
 }
 
 // await waits until every connected viewer holds the subject in a.State,
@@ -127,7 +163,7 @@ func (w *fanoutWorker) await(ctx context.Context, a awaitArgs) awaitReply {
 		var r awaitReply
 		for j, m := range w.ms {
 			switch {
-			case m.c == nil:
+			case m.c == nil && m.px == nil:
 			case w.last[j].state == a.State:
 				r.Got++
 			default:
@@ -139,7 +175,7 @@ func (w *fanoutWorker) await(ctx context.Context, a awaitArgs) awaitReply {
 			for j := range w.ms {
 				if w.last[j].state == a.State {
 					h.Record(w.last[j].received.Sub(t0))
-					if a.State == protocol.StateOnline {
+					if a.State == protocol.StateOnline && !w.last[j].at.IsZero() {
 						w.fromAt.Record(w.last[j].received.Sub(w.last[j].at))
 					}
 				}
@@ -153,6 +189,16 @@ func (w *fanoutWorker) await(ctx context.Context, a awaitArgs) awaitReply {
 }
 
 func (w *fanoutWorker) close() { closeAll(w.ms) }
+
+// dialSubject connects the fanout's subject in the run's protocol: a
+// Pusher subject subscribes the team's presence channel, which is what
+// makes it a member online.
+func dialSubject(ctx context.Context, dl *dialer, m *member) (io.Closer, error) {
+	if dl.o.Protocol == protoPusher {
+		return dl.dialPusher(ctx, m, pxChannel(dl.o.team(0)), pxEvents{})
+	}
+	return dl.dial(ctx, m, dl.options(m))
+}
 
 func driveFanout(ctx context.Context, d *driver) error {
 	o := d.o
@@ -187,7 +233,7 @@ func driveFanout(ctx context.Context, d *driver) error {
 		d.setStatusf(func(p Progress) string { return fmt.Sprintf("round %d/%d", round+1, o.Rounds) })
 		m := &member{user: subject, device: "web", target: round % len(o.Targets)}
 		t0 := time.Now()
-		c, err := dl.dial(ctx, m, dl.options(m))
+		c, err := dialSubject(ctx, dl, m)
 		if err != nil {
 			return fmt.Errorf("loadgen: subject: %w", err)
 		}
@@ -196,6 +242,11 @@ func driveFanout(ctx context.Context, d *driver) error {
 		_ = c.Close()
 		if err != nil {
 			return err
+		}
+		if heard := countHeard(on); round == 0 && heard == 0 && r.Dialed > 0 {
+			// Nobody: most likely the team is large at the server, whose
+			// viewers get only the members they watch (DESIGN.md Part 1b).
+			return fmt.Errorf("loadgen: no viewer heard the subject come online; is the team (%d members) over the server's --large-team (default 1000)? Start it with --large-team %d or more", r.Dialed+1, r.Dialed+1)
 		}
 		off, err := callAll[awaitReply](ctx, d, "await", awaitArgs{State: protocol.StateOffline,
 			T0: t1.Add(o.Grace).UnixNano(), TimeoutMS: (o.Grace + 10*time.Second).Milliseconds()})
@@ -222,6 +273,7 @@ func driveFanout(ctx context.Context, d *driver) error {
 		col.Offline.Merge(c.Offline)
 		col.Received += c.Received
 		col.Noops += c.Noops
+		col.Errors += c.Errors
 	}
 	expected := 2 * rounds * r.Dialed
 	goal, goalText := 20.0, "≤ 20 ms"
@@ -235,8 +287,12 @@ func driveFanout(ctx context.Context, d *driver) error {
 	res.addDur("online_p99", "online: connect → viewer p99", col.Online.Quantile(0.99))
 	res.goal(goal, false, goalText)
 	res.addDur("online_max", "online: connect → viewer max", col.Online.Max())
-	res.addDur("online_from_transition_p50", "online: server transition → viewer p50 (±1 ms)", col.FromAt.Quantile(0.5))
-	res.addDur("online_from_transition_p99", "online: server transition → viewer p99 (±1 ms)", col.FromAt.Quantile(0.99))
+	if o.Protocol == protoNative {
+		res.addDur("online_from_transition_p50", "online: server transition → viewer p50 (±1 ms)", col.FromAt.Quantile(0.5))
+		res.addDur("online_from_transition_p99", "online: server transition → viewer p99 (±1 ms)", col.FromAt.Quantile(0.99))
+	} else {
+		res.note("the subject is a Pusher socket too: online runs from the start of its dial to each viewer's member_added, offline to its member_removed")
+	}
 	res.addDur("offline_p50", "offline: past close + grace p50", col.Offline.Quantile(0.5))
 	res.addDur("offline_p99", "offline: past close + grace p99", col.Offline.Quantile(0.99))
 	res.addDur("offline_max", "offline: past close + grace max", col.Offline.Max())
@@ -246,6 +302,24 @@ func driveFanout(ctx context.Context, d *driver) error {
 	res.goal(0, false, "0")
 	res.add("deliveries_spurious", "spurious subject changes", float64(max(col.Received-expected, 0)+col.Noops), "")
 	res.goal(0, false, "0")
+	if o.Protocol == protoPusher {
+		res.add("pusher_errors", "pusher:error frames at viewers", float64(col.Errors), "")
+		res.goal(0, false, "0")
+		res.add("pusher_subscription_errors", "subscriptions the servers refused", s2.Sum(mPusherErrors)-s1.Sum(mPusherErrors), "")
+		res.goal(0, false, "0")
+	}
+	if o.Protocol == protoPusher {
+		d.reportDrops()
+	}
 	res.serverFigures(s1, s2)
 	return nil
+}
+
+// countHeard is the viewers that got the change awaited.
+func countHeard(replies []awaitReply) int {
+	n := 0
+	for _, x := range replies {
+		n += x.Got
+	}
+	return n
 }

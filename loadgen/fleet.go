@@ -23,6 +23,7 @@ type member struct {
 	target int // index into Options.Targets
 
 	c    *client.Client // owned by the scenario; nil while not dialled
+	px   *pxSocket      // instead of c, for Protocol "pusher"
 	up   atomic.Bool    // counted in counters.conns
 	kill *killSwitch    // set when the scenario cuts its TCP connections
 }
@@ -116,6 +117,33 @@ func (r *connectReply) merge(o connectReply) {
 // connectAll dials every member without a client, at most
 // ConnectConcurrency at a time, with the options opts gives.
 func connectAll(ctx context.Context, env *workerEnv, ms []*member, opts func(*member) client.Options) connectReply {
+	return connectEach(ctx, env, ms, func(m *member) (int64, error) {
+		c, err := env.dial.dial(ctx, m, opts(m))
+		if err != nil {
+			return 0, err
+		}
+		m.c = c
+		return c.Welcome().TTLMS, nil
+	})
+}
+
+// connectAllPusher subscribes every member without a socket to its team's
+// presence channel, at most ConnectConcurrency at a time, with the events
+// ev gives.
+func connectAllPusher(ctx context.Context, env *workerEnv, ms []*member, ev func(*member) pxEvents) connectReply {
+	return connectEach(ctx, env, ms, func(m *member) (int64, error) {
+		s, err := env.dial.dialPusher(ctx, m, pxChannel(env.o.team(m.team)), ev(m))
+		if err != nil {
+			return 0, err
+		}
+		m.px = s
+		return 0, nil
+	})
+}
+
+// connectEach runs dial for every member not connected yet; dial sets the
+// member's connection and returns the ttl its server announced, if any.
+func connectEach(ctx context.Context, env *workerEnv, ms []*member, dial func(*member) (int64, error)) connectReply {
 	var (
 		mu    sync.Mutex
 		reply connectReply
@@ -124,7 +152,7 @@ func connectAll(ctx context.Context, env *workerEnv, ms []*member, opts func(*me
 	)
 	sem := make(chan struct{}, env.o.ConnectConcurrency)
 	for _, m := range ms {
-		if m.c != nil {
+		if m.c != nil || m.px != nil {
 			continue
 		}
 		select {
@@ -137,7 +165,7 @@ func connectAll(ctx context.Context, env *workerEnv, ms []*member, opts func(*me
 		wg.Go(func() {
 			defer func() { <-sem }()
 			start := time.Now()
-			c, err := env.dial.dial(ctx, m, opts(m))
+			ttl, err := dial(m)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -148,9 +176,8 @@ func connectAll(ctx context.Context, env *workerEnv, ms []*member, opts func(*me
 				return
 			}
 			lat.Record(time.Since(start))
-			m.c = c
 			reply.Dialed++
-			reply.TTLMS = c.Welcome().TTLMS
+			reply.TTLMS = ttl
 		})
 	}
 	wg.Wait()
@@ -163,14 +190,20 @@ func closeAll(ms []*member) {
 	sem := make(chan struct{}, 256)
 	var wg sync.WaitGroup
 	for _, m := range ms {
-		if m.c == nil {
+		if m.c == nil && m.px == nil {
 			continue
 		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			_ = m.c.Close()
-			m.c = nil
+			if m.c != nil {
+				_ = m.c.Close()
+				m.c = nil
+			}
+			if m.px != nil {
+				_ = m.px.Close()
+				m.px = nil
+			}
 		})
 	}
 	wg.Wait()

@@ -40,6 +40,11 @@ func (w *idleWorker) handle(ctx context.Context, op string, raw json.RawMessage)
 		if err := decodeArgs(raw, &a); err != nil {
 			return nil, err
 		}
+		if w.env.o.Protocol == protoPusher {
+			return connectAllPusher(ctx, w.env, w.ms, func(*member) pxEvents {
+				return pxEvents{onMember: func(pxMemberEvent) { w.env.ctr.changes.Add(1) }}
+			}), nil
+		}
 		return connectAll(ctx, w.env, w.ms, func(m *member) client.Options {
 			co := w.env.dial.options(m)
 			co.HeartbeatInterval = time.Duration(a.HeartbeatMS) * time.Millisecond
@@ -102,8 +107,15 @@ func driveIdle(ctx context.Context, d *driver) error {
 	res.add("heap_per_conn_kib", "server Go heap per connection", (s2.Get(mHeap)-base.Get(mHeap))/conns/1024, "KiB")
 	cpu := s2.Get(mCPU) - s1.Get(mCPU)
 	res.add("cpu_us_per_conn_minute", "server CPU per connection-minute", cpu*1e6/(conns*held.Minutes()), "µs")
-	res.add("heartbeats_per_s", "heartbeats absorbed", (s2.Get(mHeartbeats)-s1.Get(mHeartbeats))/held.Seconds(), "/s")
+	if o.Protocol == protoPusher {
+		res.add("heartbeats_per_s", "heartbeats absorbed (pusher:ping)", (s2.Get(mPusherPings)-s1.Get(mPusherPings))/held.Seconds(), "/s")
+	} else {
+		res.add("heartbeats_per_s", "heartbeats absorbed", (s2.Get(mHeartbeats)-s1.Get(mHeartbeats))/held.Seconds(), "/s")
+	}
 	res.add("server_goroutines", "server goroutines", s2.Get(mGoroutines), "")
+	if o.Protocol == protoPusher {
+		d.reportDrops()
+	}
 	res.serverFigures(s1, s2)
 	return nil
 }

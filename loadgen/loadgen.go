@@ -79,6 +79,15 @@ type Options struct {
 	// RedisAddr (host:port or redis://[user:pass@]host:port), if set, is
 	// asked INFO cpu before and after the heartbeat window.
 	RedisAddr string
+	// Protocol is what the run's connections speak: "native" (/v1/connect,
+	// the default) or "pusher" (Pusher protocol 7 at /app/{key}, each
+	// socket subscribed to presence-{team}); "pusher" for idle and fanout
+	// only.
+	Protocol string
+	// PusherKey and PusherSecret are the servers' --pusher-key and
+	// --pusher-secret, for Protocol "pusher": the secret signs each
+	// presence subscription as an app's auth endpoint would.
+	PusherKey, PusherSecret string
 	// RunID prefixes every user and team id, so runs never meet; random
 	// when empty.
 	RunID string
@@ -137,6 +146,9 @@ func (o Options) withDefaults(scenario string) (Options, error) {
 	if o.Rounds == 0 {
 		o.Rounds = 10
 	}
+	if o.Protocol == "" {
+		o.Protocol = protoNative
+	}
 	switch scenario {
 	case "idle":
 		setDur(&o.Duration, time.Minute)
@@ -171,6 +183,12 @@ func (o Options) withDefaults(scenario string) (Options, error) {
 	case scenario == "heartbeat" && o.Rate/float64(o.N) > 15:
 		// The server refuses more than 20 frames/s per connection.
 		return o, fmt.Errorf("loadgen: %.0f heartbeats/s over %d connections is above 15/s each; use more connections", o.Rate, o.N)
+	case o.Protocol != protoNative && o.Protocol != protoPusher:
+		return o, fmt.Errorf("loadgen: protocol %q must be native or pusher", o.Protocol)
+	case o.Protocol == protoPusher && scenario != "idle" && scenario != "fanout":
+		return o, fmt.Errorf("loadgen: --protocol pusher runs idle and fanout only, not %s", scenario)
+	case o.Protocol == protoPusher && (o.PusherKey == "" || o.PusherSecret == ""):
+		return o, errors.New("loadgen: --protocol pusher needs the servers' --pusher-key and --pusher-secret")
 	case !protocolID(o.RunID):
 		return o, fmt.Errorf("loadgen: run id %q must be 1-32 letters, digits, '-' or '_'", o.RunID)
 	}

@@ -211,6 +211,9 @@ func TestOptions(t *testing.T) {
 		{"too many per process", "idle", Options{N: 40000, Procs: 2}, "--procs 3"},
 		{"churn needs devices", "churn", Options{N: 3}, "at least 4"},
 		{"bad run id", "idle", Options{RunID: "a b"}, "run id"},
+		{"unknown protocol", "idle", Options{Protocol: "mqtt"}, "native or pusher"},
+		{"pusher scenario", "churn", Options{N: 10, Protocol: "pusher", PusherKey: "k", PusherSecret: "s"}, "idle and fanout only"},
+		{"pusher needs a secret", "fanout", Options{Protocol: "pusher", PusherKey: "k"}, "--pusher-secret"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := c.o.withDefaults(c.scenario)

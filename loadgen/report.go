@@ -34,7 +34,7 @@ type Result struct {
 }
 
 func newResult(scenario string, o *Options) *Result {
-	p := map[string]any{"n": o.N, "procs": o.Procs, "team_size": o.TeamSize, "grace_s": o.Grace.Seconds()}
+	p := map[string]any{"n": o.N, "procs": o.Procs, "team_size": o.TeamSize, "grace_s": o.Grace.Seconds(), "protocol": o.Protocol}
 	switch scenario {
 	case "idle", "heartbeat", "churn":
 		p["duration_s"] = o.Duration.Seconds()
@@ -84,7 +84,11 @@ func (r *Result) note(format string, args ...any) {
 // WriteTable writes the figures as an aligned table.
 func (r *Result) WriteTable(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "greendot bench %s · run %s · %s · n=%v · %s\n", r.Scenario, r.RunID,
+	name := r.Scenario
+	if p, _ := r.Params["protocol"].(string); p != "" && p != protoNative {
+		name += " --protocol " + p
+	}
+	fmt.Fprintf(&b, "greendot bench %s · run %s · %s · n=%v · %s\n", name, r.RunID,
 		joinTargets(r.Targets), r.Params["n"], r.Elapsed.Round(time.Second))
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "  figure\tvalue\tgoal\t")

@@ -225,7 +225,11 @@ func (d *driver) waitConns(ctx context.Context, want int, limit time.Duration) e
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("loadgen: the servers count %d connections after %v, want %d", int(s.Get(mConns)), limit, want)
+			err := fmt.Errorf("loadgen: the servers count %d connections after %v, want %d", int(s.Get(mConns)), limit, want)
+			if p := d.progress(); p.Drops > 0 {
+				err = fmt.Errorf("%w; %d connections were closed under the load generator, the first: %s", err, p.Drops, p.DropReason)
+			}
+			return err
 		}
 		if !sleepCtx(ctx, 200*time.Millisecond) {
 			return ctx.Err()
@@ -233,8 +237,9 @@ func (d *driver) waitConns(ctx context.Context, want int, limit time.Duration) e
 	}
 }
 
-// waitQuiet waits until the servers' deliveries counter stops moving for
-// a second, for at most limit: the connect phase's fan-out has drained.
+// waitQuiet waits until the servers' deliveries counter, and their Pusher
+// member events, stop moving for a second, for at most limit: the connect
+// phase's fan-out has drained.
 func (d *driver) waitQuiet(ctx context.Context, limit time.Duration) {
 	deadline := time.Now().Add(limit)
 	last, still := -1.0, 0
@@ -243,7 +248,7 @@ func (d *driver) waitQuiet(ctx context.Context, limit time.Duration) {
 		if err != nil {
 			return
 		}
-		if v := s.Get(mDeliveries); v == last {
+		if v := s.Get(mDeliveries) + s.Sum(mPusherEvents); v == last {
 			still++
 		} else {
 			last, still = v, 0

@@ -3,9 +3,11 @@ package loadgen
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,6 +151,17 @@ func TestScenarioFanout(t *testing.T) {
 	expectZero(t, r, "deliveries_missing", "deliveries_spurious")
 }
 
+// A fan-out team over the server's --large-team reaches no viewer: the run
+// says so instead of reporting every change missing.
+func TestScenarioFanoutRefusesALargeTeam(t *testing.T) {
+	o := Options{N: 10, Rounds: 2, Targets: []string{startServer(t, func(c *server.Config) { c.LargeTeam = 5 })},
+		TeamSize: 10, Grace: testGrace, Samplers: 2, MaxTime: time.Minute, Progress: io.Discard}
+	_, err := Run(context.Background(), "fanout", o)
+	if err == nil || !strings.Contains(err.Error(), "--large-team 11") {
+		t.Fatalf("err = %v, want one naming --large-team 11", err)
+	}
+}
+
 func TestScenarioChurn(t *testing.T) {
 	r := runScenario(t, "churn", Options{N: 40, Rate: 25, Duration: 2 * time.Second})
 	expectPositive(t, r, "actions_flap", "actions_bounce", "actions_leave", "deliveries_per_s",
@@ -208,4 +221,163 @@ func TestScenarioLargeTeam(t *testing.T) {
 	}
 	expectPositive(t, r, "change_p50_ms", "viewer_connect_ms", "watch_result_ms", "heap_per_member_b")
 	expectZero(t, r, "viewer_snapshot_users", "missing", "spurious")
+}
+
+// The Pusher side: the same scenarios over Pusher protocol 7 sockets.
+
+const (
+	testPusherKey    = "bench-key"
+	testPusherSecret = "bench-secret"
+)
+
+func startPusherServer(t *testing.T) string {
+	t.Helper()
+	return startServer(t, func(c *server.Config) {
+		c.Pusher = server.PusherConfig{AppID: "1", Key: testPusherKey, Secret: testPusherSecret}
+	})
+}
+
+func pusherOptions(o Options) Options {
+	o.Protocol, o.PusherKey, o.PusherSecret = protoPusher, testPusherKey, testPusherSecret
+	return o
+}
+
+func TestScenarioIdlePusher(t *testing.T) {
+	r := runScenario(t, "idle", pusherOptions(Options{Targets: []string{startPusherServer(t)}, N: 20, Duration: time.Second}))
+	expectPositive(t, r, "connect_rate", "connect_p99_ms", "heartbeats_per_s", "server_goroutines", "server_rss_mib")
+	fig(t, r, "rss_per_conn_kib")
+	fig(t, r, "cpu_us_per_conn_minute")
+	expectZero(t, r, "pusher_dropped")
+	if p := r.Params["protocol"]; p != protoPusher {
+		t.Errorf("protocol = %v", p)
+	}
+}
+
+func TestScenarioFanoutPusher(t *testing.T) {
+	r := runScenario(t, "fanout", pusherOptions(Options{Targets: []string{startPusherServer(t)}, N: 10, Rounds: 2}))
+	if got := fig(t, r, "rounds"); got != 2 {
+		t.Errorf("rounds = %v", got)
+	}
+	// One member_added and one member_removed per viewer per round.
+	if got, want := fig(t, r, "deliveries_received"), fig(t, r, "deliveries_expected"); got != want || want != 40 {
+		t.Errorf("received %v of %v member events of the subject, want 40", got, want)
+	}
+	expectPositive(t, r, "online_p50_ms", "online_max_ms", "offline_max_ms")
+	expectZero(t, r, "deliveries_missing", "deliveries_spurious", "pusher_errors", "pusher_subscription_errors", "pusher_dropped")
+	if _, ok := r.Figure("online_from_transition_p50_ms"); ok {
+		t.Error("a Pusher run reports a server-time figure its frames do not carry")
+	}
+}
+
+// A Pusher socket of the run reads the subscription's member list and
+// each member event of its channel, and a refused subscription is an error
+// that no retry hides.
+func TestPusherSocket(t *testing.T) {
+	target := startPusherServer(t)
+	o, err := pusherOptions(Options{Targets: []string{target}, RunID: "px"}).withDefaults("idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := &counters{}
+	dl := newDialer(&o, ctr)
+	defer dl.closeIdle()
+	ctx := context.Background()
+	events := make(chan pxMemberEvent, 16)
+	a, err := dl.dialPusher(ctx, &member{user: "alice"}, "presence-t", pxEvents{onMember: func(e pxMemberEvent) { events <- e }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if a.members != 1 || a.socketID == "" {
+		t.Fatalf("alice's subscription: %d members, socket %q", a.members, a.socketID)
+	}
+	b, err := dl.dialPusher(ctx, &member{user: "bob"}, "presence-t", pxEvents{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.members != 2 {
+		t.Errorf("bob's subscription lists %d members, want 2", b.members)
+	}
+	expectMemberEvent(t, events, true, "bob")
+	if err := b.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	expectMemberEvent(t, events, false, "bob") // after the grace
+	if got := ctr.conns.Load(); got != 1 {
+		t.Errorf("%d sockets counted up, want 1", got)
+	}
+	if p := ctr.progress(); p.Drops != 0 {
+		t.Errorf("a socket the run closed counts as dropped: %+v", p)
+	}
+
+	bad := o
+	bad.PusherSecret = "wrong"
+	_, err = newDialer(&bad, ctr).dialPusher(ctx, &member{user: "mallory"}, "presence-t", pxEvents{})
+	var refused *pxRefusedError
+	if !errors.As(err, &refused) || !strings.Contains(err.Error(), "AuthError") {
+		t.Fatalf("a wrong secret: err = %v, want a refused AuthError", err)
+	}
+	if got, want := ctr.dials.Load(), int64(2); got != want {
+		t.Errorf("%d dials counted, want %d", got, want)
+	}
+	if got := ctr.dialErrs.Load(); got != 1 {
+		t.Errorf("%d dial errors counted, want 1", got)
+	}
+}
+
+// A socket the server ends is a drop, with the server's reason; one the
+// run closes is not.
+func TestPusherSocketDropped(t *testing.T) {
+	st, err := memstore.New(memstore.Config{TTL: testTTL, Grace: testGrace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{Addr: "127.0.0.1:0", Store: st, TTL: testTTL, HeartbeatInterval: testHeartbeat,
+		Grace: testGrace, DrainSpread: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Pusher: server.PusherConfig{AppID: "1", Key: testPusherKey, Secret: testPusherSecret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	o, err := pusherOptions(Options{Targets: []string{"ws://" + srv.Addr()}, RunID: "px"}).withDefaults("idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := &counters{}
+	dl := newDialer(&o, ctr)
+	defer dl.closeIdle()
+	down := make(chan struct{})
+	s, err := dl.dialPusher(context.Background(), &member{user: "alice"}, "presence-t", pxEvents{onDown: func() { close(down) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	select {
+	case <-down:
+	case <-ctx.Done():
+		t.Fatal("the socket did not end when its server shut down")
+	}
+	_ = s.Close()
+	p := ctr.progress()
+	if p.Drops != 1 || !strings.Contains(p.DropReason, "close frame") || p.Conns != 0 {
+		t.Errorf("after the server's shutdown: %+v, want 1 drop with the server's close frame and no socket up", p)
+	}
+}
+
+func expectMemberEvent(t *testing.T, events <-chan pxMemberEvent, added bool, user string) {
+	t.Helper()
+	select {
+	case e := <-events:
+		if e.Added != added || e.UserID != user || e.Received.IsZero() {
+			t.Fatalf("member event %+v, want added=%v of %s", e, added, user)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no member event (added=%v) of %s", added, user)
+	}
 }

@@ -34,6 +34,10 @@ const (
 	mGraceStart  = "greendot_grace_started_total"
 	mRejected    = "greendot_frames_rejected_total"
 	mFanout      = "greendot_fanout_connections"
+	// Pusher sockets (Options.Protocol "pusher").
+	mPusherPings  = `greendot_pusher_frames_total{event="pusher:ping"}`
+	mPusherEvents = "greendot_pusher_member_events_total"
+	mPusherErrors = "greendot_pusher_subscription_errors_total"
 )
 
 // Sample is one scrape of /metrics: each series ("name" or

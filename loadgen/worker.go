@@ -19,6 +19,10 @@ type Progress struct {
 	DialErrs int64 `json:"dial_errs"` // dials that failed after retries
 	Changes  int64 `json:"changes"`   // presence changes received (snapshots excluded)
 	Pings    int64 `json:"pings"`     // heartbeat round trips measured
+	// Pusher sockets the load generator did not close that ended, and why
+	// the first did.
+	Drops      int64  `json:"drops,omitempty"`
+	DropReason string `json:"drop_reason,omitempty"`
 }
 
 func (p *Progress) add(o Progress) {
@@ -27,15 +31,30 @@ func (p *Progress) add(o Progress) {
 	p.DialErrs += o.DialErrs
 	p.Changes += o.Changes
 	p.Pings += o.Pings
+	p.Drops += o.Drops
+	if p.DropReason == "" {
+		p.DropReason = o.DropReason
+	}
 }
 
 type counters struct {
-	conns, dials, dialErrs, changes, pings atomic.Int64
+	conns, dials, dialErrs, changes, pings, drops atomic.Int64
+	dropReason                                    atomic.Pointer[string] // the first drop's
 }
 
 func (c *counters) progress() Progress {
-	return Progress{Conns: c.conns.Load(), Dials: c.dials.Load(), DialErrs: c.dialErrs.Load(),
-		Changes: c.changes.Load(), Pings: c.pings.Load()}
+	p := Progress{Conns: c.conns.Load(), Dials: c.dials.Load(), DialErrs: c.dialErrs.Load(),
+		Changes: c.changes.Load(), Pings: c.pings.Load(), Drops: c.drops.Load()}
+	if r := c.dropReason.Load(); r != nil {
+		p.DropReason = *r
+	}
+	return p
+}
+
+// drop counts a connection that ended under the load generator's feet.
+func (c *counters) drop(reason string) {
+	c.drops.Add(1)
+	c.dropReason.CompareAndSwap(nil, &reason)
 }
 
 // handler is a scenario's worker side: it holds the worker's connections

@@ -187,6 +187,23 @@ func (t *Tracker) Advance(now time.Time) Outcome {
 	return out
 }
 
+// NextPublish is the earliest grace end or status expiry, the deadlines
+// that publish a change when due; zero when none is pending. (Connection
+// expiries are lazily refreshed by heartbeats: waking for each would cost
+// a wake per connection and ttl.)
+func (t *Tracker) NextPublish() time.Time {
+	var next time.Time
+	if t.graces.Len() > 0 {
+		next = t.graces.peek().at
+	}
+	if t.expires.Len() > 0 {
+		if e := t.expires[0].status.ExpiresAt; next.IsZero() || e.Before(next) {
+			next = e
+		}
+	}
+	return next
+}
+
 // NextDeadline is the earliest time at which Advance may have work; zero
 // when nothing is pending.
 func (t *Tracker) NextDeadline() time.Time {

@@ -255,21 +255,6 @@ func (h *hub) count() int {
 	return h.nconns
 }
 
-// silent returns the connections that sent nothing since cutoff (unix nanos).
-func (h *hub) silent(cutoff int64) []*client {
-	h.mu.RLock()
-	defer h.mu.RUnlock()
-	var out []*client
-	for _, lu := range h.users {
-		for _, c := range lu.conns {
-			if c.lastFrame.Load() < cutoff {
-				out = append(out, c)
-			}
-		}
-	}
-	return out
-}
-
 // teamsOf returns a local user's teams (nil when not connected here).
 func (h *hub) teamsOf(user string) []string {
 	h.mu.RLock()
@@ -328,6 +313,9 @@ func (h *hub) drainAll(spread time.Duration) {
 	}
 	h.mu.RUnlock()
 	for _, c := range all {
+		if c.px != nil {
+			continue // a Pusher socket's: the Pusher side closes it with 4200 (pxServer.drain)
+		}
 		after := time.Duration(rand.Int64N(int64(spread) + 1))
 		c.mu.Lock()
 		// A connection still registering has had no welcome, which must
@@ -337,5 +325,21 @@ func (h *hub) drainAll(spread time.Duration) {
 		}
 		c.mu.Unlock()
 		c.closeWith(protocol.CloseServiceRestart, "service restart")
+	}
+}
+
+// ensureIndexed indexes a local user under a team they just joined, now
+// rather than when the join event comes: a Pusher presence channel needs
+// the team's changes from its subscription on.
+func (h *hub) ensureIndexed(ctx context.Context, user, team string) {
+	h.mu.RLock()
+	lu := h.users[user]
+	indexed := false
+	if lu != nil && lu.teams != nil {
+		_, indexed = lu.teams[team]
+	}
+	h.mu.RUnlock()
+	if lu != nil && !indexed {
+		h.joinWatched(ctx, lu, team)
 	}
 }

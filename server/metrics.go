@@ -62,6 +62,14 @@ type metrics struct {
 	resyncs            prometheus.Counter
 	resyncDeliveries   prometheus.Counter
 
+	// Pusher compatibility (pusher.go); label values from closed sets.
+	pusherConns           prometheus.Gauge
+	pusherFrames          *prometheus.CounterVec
+	pusherSubscribeErrors *prometheus.CounterVec
+	pusherMemberEvents    *prometheus.CounterVec
+	pusherDelivered       prometheus.Counter
+	pusherREST            *prometheus.CounterVec
+
 	// Resolved once: the heartbeat path is the hottest there is.
 	heartbeatFrames prometheus.Counter
 	heartbeatErrors prometheus.Counter
@@ -129,11 +137,24 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Catch-ups of every local viewer after the store may have lost events."}),
 		resyncDeliveries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "resync_deliveries_total",
 			Help: "Changes queued by resyncs: only what differed from what viewers held."}),
+		pusherConns: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "pusher_connections",
+			Help: "Open Pusher protocol sockets (/app/{key})."}),
+		pusherFrames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "pusher_frames_total",
+			Help: "Frames received on Pusher sockets, by event (client-event for every client-* event, other for the rest)."}, []string{"event"}),
+		pusherSubscribeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "pusher_subscription_errors_total",
+			Help: "Pusher subscriptions and sign-ins refused, by error type."}, []string{"type"}),
+		pusherMemberEvents: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "pusher_member_events_total",
+			Help: "member_added and member_removed events of presence channels, once per channel and node."}, []string{"event"}),
+		pusherDelivered: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "pusher_channel_deliveries_total",
+			Help: "Channel events (REST triggers, client events) written to Pusher sockets."}),
+		pusherREST: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "pusher_rest_requests_total",
+			Help: "Pusher REST API requests, by HTTP status."}, []string{"status"}),
 	}
 	reg.MustRegister(m.connections, m.usersOnline, m.heartbeats, m.frames, m.framesRejected,
 		m.connectsRejected, m.httpRefused, m.socketsRefused, m.heartbeatGap, m.expirations, m.detectionLag, m.graceStarted,
 		m.graceCancellations, m.statusExpirations, m.changes, m.fanout, m.deliveries, m.coalesced, m.dropped,
 		m.slowDisconnects, m.slowConsumers, m.slowCoalesced, m.slowTimeouts, m.storeLatency, m.storeErrors, m.resyncs, m.resyncDeliveries,
+		m.pusherConns, m.pusherFrames, m.pusherSubscribeErrors, m.pusherMemberEvents, m.pusherDelivered, m.pusherREST,
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: ns}),
 	)
 	// Every name carries the greendot_ prefix, the Go runtime's too

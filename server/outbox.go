@@ -85,6 +85,9 @@ type client struct {
 	// myStatus is the newest my_status this connection was given (or, before
 	// welcome, is to be given); Type is empty until one is known.
 	myStatus protocol.MyStatus
+	// px: a Pusher socket (pusher.go), or its user's connection; it gets no
+	// native frames.
+	px *pxConn
 }
 
 // allow applies the token-bucket rate limit to something that costs cost
@@ -120,6 +123,10 @@ func (c *client) push(ch protocol.Change, bulk bool) { c.queue(ch, bulk, true) }
 
 // queue is push; with wake false it leaves waking the flusher to the caller.
 func (c *client) queue(ch protocol.Change, bulk, wake bool) {
+	if c.px != nil {
+		c.px.watchChange(ch)
+		return
+	}
 	m := c.srv.metrics
 	c.mu.Lock()
 	if c.recent != nil && c.inSnapshotLocked(ch) {
@@ -581,7 +588,7 @@ func (c *client) writeJSON(v any) {
 
 // writeJSONLocked writes one frame; c.mu orders frames of one connection.
 func (c *client) writeJSONLocked(v any) {
-	if c.closed.Load() {
+	if c.closed.Load() || c.px != nil {
 		return
 	}
 	b, err := json.Marshal(v)

@@ -437,3 +437,15 @@ func TestExpiryIsCounted(t *testing.T) {
 		return nil
 	})
 }
+
+// A grace end is a known deadline: the memory store's is swept when due,
+// not at the next tick (here an hour away).
+func TestGraceEndsWithoutWaitingForTheTick(t *testing.T) {
+	ts := startServer(t, func(c *server.Config) { c.SweepInterval = time.Hour })
+	ts.join("eng", "ann", "ben")
+	ben := ts.dial(t, "ben")
+	ann := ts.dial(t, "ann")
+	ben.expectChanges(5*time.Second, "ann=online")
+	ann.close()
+	ben.expectChanges(5*time.Second, "ann=offline")
+}

@@ -59,6 +59,9 @@ func (h *hub) resync(floor func(string) uint64) {
 			continue
 		}
 		h.applyMissedMembership(team, truth, gens)
+		if h.srv.px != nil {
+			h.srv.px.teamTruth(team, truth)
+		}
 		at := h.srv.cfg.Now()
 		now := at.UnixMilli()
 		if h.resyncLarge(team, truth, at) {

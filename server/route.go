@@ -54,6 +54,9 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 			continue
 		}
 		routed = true
+		if h.srv.px != nil {
+			h.srv.px.teamChange(t, ev.Change)
+		}
 		for lu := range h.byTeam[t] {
 			if lu.id == ch.UserID {
 				continue
@@ -86,6 +89,9 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 // other at once; after a removal nothing more passes between users who no
 // longer share a team.
 func (h *hub) OnMembership(ev store.MembershipEvent) {
+	if h.srv.px != nil {
+		h.srv.px.teamMembership(ev)
+	}
 	var leftViews map[string]uint64 // the subject left: what its members held
 	h.mu.Lock()
 	// others: the subject's other teams through which a viewer sees them

@@ -91,10 +91,13 @@ type Config struct {
 	// not authenticated: no WebSocket upgrade accepted, no request with the
 	// API key. The next one gets 429 at accept. 1024; <0 unlimited.
 	MaxUnauthenticatedPerIP int
-	Static                  http.Handler // serves the demo page at /, if set
-	Logger                  *slog.Logger
-	Registry                *prometheus.Registry // metrics; a new registry when nil
-	Now                     func() time.Time
+	// Pusher, when set, makes the listener speak Pusher Channels too
+	// (pusher.go, docs/pusher.md).
+	Pusher   PusherConfig
+	Static   http.Handler // serves the demo page at /, if set
+	Logger   *slog.Logger
+	Registry *prometheus.Registry // metrics; a new registry when nil
+	Now      func() time.Time
 }
 
 // Server is one greendot node.
@@ -106,6 +109,7 @@ type Server struct {
 	metrics *metrics
 	reg     *prometheus.Registry
 	hub     *hub
+	px      *pxServer // nil unless Pusher compatibility is on
 
 	upgrader   *websocket.Upgrader
 	connecting chan struct{}       // a slot per connect being registered
@@ -138,6 +142,9 @@ type Server struct {
 func New(cfg Config) (*Server, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("server: a store is required")
+	}
+	if p := cfg.Pusher; (p.AppID == "") != (p.Key == "") || (p.AppID == "") != (p.Secret == "") {
+		return nil, errors.New("server: Pusher compatibility needs all of app id, key and secret")
 	}
 	if cfg.Addr == "" {
 		cfg.Addr = ":8080"
@@ -230,6 +237,9 @@ func New(cfg Config) (*Server, error) {
 		o.SetObserver(s.metrics)
 	}
 	cfg.Store.Subscribe(s.hub)
+	if cfg.Pusher.enabled() {
+		s.px = newPusher(s)
+	}
 	s.upgrader = s.newUpgrader()
 	s.connecting = make(chan struct{}, cfg.MaxConnecting)
 	return s, nil
@@ -302,6 +312,10 @@ func (s *Server) Start() error {
 	go s.sweepLoop()
 	go s.hub.flush.loop()
 	go s.hub.work.loop()
+	if s.px != nil {
+		s.wg.Add(1)
+		go s.px.countsLoop()
+	}
 	return nil
 }
 
@@ -385,8 +399,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// a load balancer sees the node leave before its port closes.
 		s.draining.Store(true)
 		drainStart := time.Now()
-		idle := s.hub.count() == 0
+		idle := s.hub.count() == 0 && (s.px == nil || s.px.count() == 0)
 		s.hub.drainAll(s.cfg.DrainSpread)
+		if s.px != nil {
+			s.px.drain(s.cfg.DrainSpread)
+		}
 		// Give closes a moment to be handled, so their users enter grace.
 		waitUntil(ctx, 2*time.Second, func() bool { return s.hub.count() == 0 })
 		// Keep answering 503 while clients come back (they wait up to
@@ -402,6 +419,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			_ = s.ln.Close()
 		}
 		close(s.stop)
+		if s.px != nil {
+			s.px.stop()
+		}
 		if s.engine != nil {
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			err = s.engine.Shutdown(sctx)
@@ -420,42 +440,62 @@ func waitUntil(ctx context.Context, max time.Duration, cond func() bool) {
 	}
 }
 
-// sweepLoop drives the store's deadlines and refreshes the gauges.
+// sweepLoop drives the store's deadlines and refreshes the gauges: every
+// SweepInterval, and when a store.Scheduler's next grace end or status
+// expiry is due, so that its change is published on time.
 func (s *Server) sweepLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.SweepInterval)
 	defer t.Stop()
+	sched, _ := s.store.(store.Scheduler)
+	var rescheduled <-chan struct{}
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
+	arm := func() {
+		if sched == nil {
+			return
+		}
+		next := sched.NextDeadline()
+		if next.IsZero() {
+			due.Stop()
+			return
+		}
+		// Clamped: a tick comes anyway, and a deadline due now must not
+		// make the loop spin.
+		due.Reset(min(max(next.Sub(s.cfg.Now()), time.Millisecond), s.cfg.SweepInterval))
+	}
+	if sched != nil {
+		rescheduled = sched.Rescheduled()
+		arm()
+	}
 	for {
 		select {
 		case <-s.stop:
 			return
+		case <-rescheduled:
+			arm()
+			continue
 		case <-t.C:
+		case <-due.C:
 		}
-		// Every tick: on Redis the node is the one to expire its silent
-		// connections (other nodes only as a safety net, after 2×ttl).
-		s.reapSilent(s.cfg.Now())
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := s.store.Sweep(ctx); err != nil {
-			s.metrics.storeErrors.WithLabelValues(store.OpSweep).Inc()
-			s.log.Warn("sweep failed", "err", err)
-		}
-		cancel()
-		s.metrics.connections.Set(float64(s.hub.count()))
-		if c, ok := s.store.(store.Counter); ok {
-			_, present := c.Counts()
-			s.metrics.usersOnline.Set(float64(present))
-		}
+		s.sweepOnce()
+		arm()
 	}
 }
 
-// reapSilent closes the sockets of connections silent for the ttl. Their
-// presence is the store's business (it expires them on its own clock); this
-// only frees the sockets of hung clients and half-open connections.
-func (s *Server) reapSilent(now time.Time) {
-	for _, c := range s.hub.silent(now.Add(-s.cfg.TTL).UnixNano()) {
-		if !c.closed.Swap(true) {
-			_ = c.ws.Close()
-		}
+// sweepOnce runs the store's due deadlines and refreshes the gauges.
+func (s *Server) sweepOnce() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := s.store.Sweep(ctx); err != nil {
+		s.metrics.storeErrors.WithLabelValues(store.OpSweep).Inc()
+		s.log.Warn("sweep failed", "err", err)
+	}
+	cancel()
+	s.metrics.connections.Set(float64(s.hub.count()))
+	if c, ok := s.store.(store.Counter); ok {
+		_, present := c.Counts()
+		s.metrics.usersOnline.Set(float64(present))
 	}
 }
 
@@ -469,6 +509,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/teams/{team}/presence", s.api(s.handleTeamPresence))
 	mux.HandleFunc("PUT /v1/teams/{team}/members/{user}", s.api(s.handleAddMember))
 	mux.HandleFunc("DELETE /v1/teams/{team}/members/{user}", s.api(s.handleRemoveMember))
+	if s.px != nil {
+		s.px.routes(mux)
+	}
 	mux.HandleFunc("GET /healthz", s.handleHealthz)
 	mux.HandleFunc("GET /readyz", s.handleReadyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
@@ -530,7 +573,7 @@ func (s *Server) onData(c *nbio.Conn, data []byte) {
 	g, ok := p.Processor.(*requestGate)
 	if !ok {
 		// The parser's first bytes: nbio made its processor just before.
-		g = &requestGate{Processor: p.Processor, apiKey: s.cfg.APIKey, conn: c, adm: s.adm}
+		g = &requestGate{Processor: p.Processor, apiKey: s.cfg.APIKey, pusher: s.px != nil, conn: c, adm: s.adm}
 		p.Processor = g
 	}
 	if g.upgraded {
@@ -580,6 +623,7 @@ var errRefused = errors.New("server: request refused before its handler")
 type requestGate struct {
 	nbhttp.Processor
 	apiKey string
+	pusher bool // Pusher's REST API is on: its requests are signed, not keyed
 	conn   *nbio.Conn
 	adm    *admission
 
@@ -591,6 +635,7 @@ type requestGate struct {
 	needsKey bool // a body without the API key, when one is required
 	upgrade  bool // the head asks for a protocol upgrade
 	upgraded bool // an upgrade request was handed over: WebSocket frames follow
+	signed   bool // a Pusher REST request: its handler checks its signature
 	refused  bool
 	// headBytes counts the request line and headers as parsed, so that a
 	// head over the limit is refused even when it arrived whole in one or
@@ -600,12 +645,13 @@ type requestGate struct {
 }
 
 func (g *requestGate) OnMethod(p *nbhttp.Parser, method string) {
-	*g = requestGate{Processor: g.Processor, apiKey: g.apiKey, conn: g.conn, adm: g.adm, head: g.head, headBytes: len(method)}
+	*g = requestGate{Processor: g.Processor, apiKey: g.apiKey, pusher: g.pusher, conn: g.conn, adm: g.adm, head: g.head, headBytes: len(method)}
 	g.Processor.OnMethod(p, method)
 }
 
 func (g *requestGate) OnURL(p *nbhttp.Parser, uri string) error {
 	g.headBytes += len(uri)
+	g.signed = g.pusher && strings.HasPrefix(uri, "/apps/")
 	return g.Processor.OnURL(p, uri)
 }
 
@@ -629,7 +675,7 @@ func (g *requestGate) OnHeader(p *nbhttp.Parser, key, value string) {
 func (g *requestGate) OnContentLength(p *nbhttp.Parser, n int) {
 	g.tooBig = g.headBytes > maxRequestHead
 	g.inBody, g.head = true, 0
-	g.needsKey = g.apiKey != "" && !g.keyOK && (n > 0 || g.bodyNext)
+	g.needsKey = g.apiKey != "" && !g.keyOK && !g.signed && (n > 0 || g.bodyNext)
 	// The head came within the handshake timeout; the body, the handler and
 	// the response get longer. nbio sets the deadline again after the
 	// response (KeepaliveTime, the handshake timeout).

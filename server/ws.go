@@ -25,7 +25,7 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 	u := websocket.NewUpgrader()
 	u.CheckOrigin = func(*http.Request) bool { return true } // tokens, not cookies, authenticate
 	// No read deadline: resetting one per frame cost 5% of the CPU per
-	// heartbeat; reapSilent closes sockets that stay silent past the ttl.
+	// heartbeat; the liveness timer (ping.go) closes sockets that stay silent past the ttl.
 	u.KeepaliveTime = 0
 	u.MessageLengthLimit = s.cfg.MaxMessageSize // nbio closes with 1009 past it
 	u.BlockingModAsyncWrite = false
@@ -60,7 +60,11 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 		}
 	})
 	u.SetPongHandler(func(c *websocket.Conn, _ string) {
-		if cl, ok := c.Session().(*client); ok {
+		switch cl, _ := c.Session().(*client); {
+		case cl == nil:
+		case cl.px != nil:
+			s.px.alive(cl.px, s.cfg.Now())
+		default:
 			s.signOfLife(cl, s.cfg.Now())
 		}
 	})
@@ -70,20 +74,7 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 // handleConnect authenticates, upgrades, registers the connection and sends
 // welcome and snapshot.
 func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
-	// A refused connect closes its connection: the request gate stops
-	// reading a connection as HTTP once an upgrade request is handed over
-	// (server.go, onData). An upgrade hijacks the connection and sends its
-	// own headers, so this only reaches refusals.
-	w.Header().Set("Connection", "close")
-	r.Close = true
-	if s.draining.Load() {
-		s.metrics.connectsRejected.WithLabelValues(reasonDraining).Inc()
-		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "this node is draining; connect to another")
-		return
-	}
-	if !s.originAllowed(r) {
-		s.metrics.connectsRejected.WithLabelValues(reasonForbiddenOrigin).Inc()
-		writeError(w, http.StatusForbidden, protocol.CodeForbiddenOrigin, "this Origin may not connect (see --allowed-origins)")
+	if !s.mayConnect(w, r) {
 		return
 	}
 	id, err := s.auth.authenticate(r)
@@ -98,22 +89,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, err.Error())
 		return
 	}
-	if !websocketRequest(r) {
-		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
-		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "expected a WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)")
-		return
-	}
-	// Checked here so that the answer is JSON like every other error; the
-	// upgrader would answer these in plain text.
-	if !headerHas(r.Header, "Sec-WebSocket-Version", "13") {
-		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
-		w.Header().Set("Sec-WebSocket-Version", "13")
-		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "unsupported WebSocket version; this server speaks 13")
-		return
-	}
-	if key, err := base64.StdEncoding.DecodeString(r.Header.Get("Sec-WebSocket-Key")); err != nil || len(key) != 16 {
-		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
-		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "Sec-WebSocket-Key must be 16 random bytes in base64")
+	if !s.validUpgrade(w, r) {
 		return
 	}
 	device := "web"
@@ -195,7 +171,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.registered.Store(true)
-	c.startPings()
+	c.startLiveness()
 	if c.closed.Load() {
 		// Closed while registering: onClose may have run before registered
 		// was set, or even before hub.add, whose entry it then missed.
@@ -248,6 +224,50 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	if !id.expiry.IsZero() {
 		c.setExpiry(id.expiry.Sub(now))
 	}
+}
+
+// mayConnect refuses a connect while the node drains or from an Origin not
+// allowed. A refused connect closes its connection: the request gate stops
+// reading a connection as HTTP once an upgrade request is handed over
+// (server.go, onData). An upgrade hijacks the connection and sends its own
+// headers, so the close only reaches refusals.
+func (s *Server) mayConnect(w http.ResponseWriter, r *http.Request) bool {
+	w.Header().Set("Connection", "close")
+	r.Close = true
+	if s.draining.Load() {
+		s.metrics.connectsRejected.WithLabelValues(reasonDraining).Inc()
+		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "this node is draining; connect to another")
+		return false
+	}
+	if !s.originAllowed(r) {
+		s.metrics.connectsRejected.WithLabelValues(reasonForbiddenOrigin).Inc()
+		writeError(w, http.StatusForbidden, protocol.CodeForbiddenOrigin, "this Origin may not connect (see --allowed-origins)")
+		return false
+	}
+	return true
+}
+
+// validUpgrade checks the WebSocket handshake here so that a bad one is
+// answered in JSON like every other error; the upgrader would answer in
+// plain text.
+func (s *Server) validUpgrade(w http.ResponseWriter, r *http.Request) bool {
+	if !websocketRequest(r) {
+		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
+		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "expected a WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)")
+		return false
+	}
+	if !headerHas(r.Header, "Sec-WebSocket-Version", "13") {
+		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
+		w.Header().Set("Sec-WebSocket-Version", "13")
+		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "unsupported WebSocket version; this server speaks 13")
+		return false
+	}
+	if key, err := base64.StdEncoding.DecodeString(r.Header.Get("Sec-WebSocket-Key")); err != nil || len(key) != 16 {
+		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
+		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, "Sec-WebSocket-Key must be 16 random bytes in base64")
+		return false
+	}
+	return true
 }
 
 // reserveConn counts a connect of user against MaxConnectionsPerUser: the
@@ -474,6 +494,10 @@ func mayBeBig(data []byte) bool {
 func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []byte) {
 	c, ok := ws.Session().(*client)
 	if !ok {
+		return
+	}
+	if c.px != nil {
+		s.px.onMessage(c.px, mt, data)
 		return
 	}
 	if mt == websocket.BinaryMessage {
@@ -742,10 +766,13 @@ func (s *Server) sharesTeamWith(ctx context.Context, viewer string, ids []string
 }
 
 // onClose ends the connection in the store: its user may enter grace.
-func (s *Server) onClose(ws *websocket.Conn, _ error) {
+func (s *Server) onClose(ws *websocket.Conn, why error) {
 	c, ok := ws.Session().(*client)
 	if !ok {
 		return
+	}
+	if c.px != nil {
+		s.px.onClose(c.px, why)
 	}
 	c.markClosed()
 	s.untrackWrites(c)

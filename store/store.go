@@ -172,8 +172,72 @@ type Resyncer interface {
 // MemberCounter is implemented by stores that count a team's members
 // without listing them: a node decides with it whether a team is large
 // (--large-team) when its first local member connects.
+// Scheduler is a store that knows when its next publishing deadline (a
+// grace end, a status expiry) falls: the server then sweeps when it is due
+// instead of at the next tick. Other deadlines wait for the tick.
+type Scheduler interface {
+	// NextDeadline is the earliest time at which a Sweep publishes
+	// something, on the store's clock; zero when nothing is pending.
+	NextDeadline() time.Time
+	// Rescheduled is signalled when a deadline earlier than the one last
+	// reported by NextDeadline is added.
+	Rescheduled() <-chan struct{}
+}
+
 type MemberCounter interface {
 	MemberCount(ctx context.Context, team string) (int, error)
+}
+
+// Broadcaster is implemented by stores that carry app messages (Pusher
+// channel events) to every node; both stores do.
+type Broadcaster interface {
+	// Broadcast hands payload to the OnBroadcast handler of every node, this
+	// one's included: at most once, in order for one sending node. The
+	// memory store calls the handler synchronously, in the caller's
+	// goroutine; the Redis store publishes on Redis Pub/Sub and this node's
+	// handler runs from the subscription's reader. An error (Redis away)
+	// means nothing was sent; only after a timeout it may have been, and
+	// sending it again may deliver it twice.
+	Broadcast(ctx context.Context, payload []byte) error
+	// OnBroadcast sets the handler, before any Broadcast; nil drops
+	// messages. The handler must not block for long, and must not modify
+	// payload after it returns (it may keep it).
+	OnBroadcast(h func(payload []byte))
+}
+
+// ChannelCounter is implemented by stores that keep, per node, how many
+// subscriptions each app channel has there, so that any node can answer
+// "which channels are occupied" for the whole cluster; both stores do.
+type ChannelCounter interface {
+	// SetChannelCounts replaces this node's counts whole (channels with 0
+	// left out). The server calls it when its counts changed (debounced)
+	// and at least every ChannelCountsRefresh; a node's counts not
+	// refreshed for ChannelCountsTTL are no longer counted (a crashed
+	// node's channels are released by that), and are deleted when found so.
+	SetChannelCounts(ctx context.Context, counts map[string]int) error
+	// ChannelCounts sums the counts of live nodes for the channels whose
+	// name starts with prefix ("" = all); only channels > 0.
+	ChannelCounts(ctx context.Context, prefix string) (map[string]int, error)
+}
+
+// How often a node refreshes its channel counts at least, and how long
+// unrefreshed counts still count: three refreshes may be missed before a
+// node's channels are released.
+const (
+	ChannelCountsRefresh = 5 * time.Second
+	ChannelCountsTTL     = 15 * time.Second
+)
+
+// MemberInfos is implemented by stores that keep a Pusher user_info (opaque
+// JSON, at most 1 KiB, checked by the server) per team member; both stores
+// do.
+type MemberInfos interface {
+	// SetMemberInfo stores info for user in team; empty info deletes it. It
+	// is removed with the membership (RemoveMember).
+	SetMemberInfo(ctx context.Context, team, user string, info []byte) error
+	// MemberInfos returns the infos of users in team, aligned with users
+	// (nil where none).
+	MemberInfos(ctx context.Context, team string, users []string) ([][]byte, error)
 }
 
 // StateReader is implemented by stores that read states and versions alone,

@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -39,7 +38,10 @@ type Source interface {
 // Config configures a Sender.
 type Config struct {
 	URL    string // required: http or https
-	Secret Secret // required
+	Secret Secret // required, unless Format is set
+	// Format writes and signs the requests; nil: Standard Webhooks,
+	// signed with Secret.
+	Format Format
 	// Timeout bounds one attempt; a receiver that has not answered by
 	// then failed it. 10s.
 	Timeout time.Duration
@@ -83,8 +85,11 @@ func NewSender(cfg Config, src Source) (*Sender, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("webhook url %q: want an absolute http or https URL", cfg.URL)
 	}
-	if len(cfg.Secret) == 0 {
-		return nil, errors.New("webhooks need a secret (whsec_<base64>)")
+	if cfg.Format == nil {
+		if len(cfg.Secret) == 0 {
+			return nil, errors.New("webhooks need a secret (whsec_<base64>)")
+		}
+		cfg.Format = standard{key: cfg.Secret}
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -240,6 +245,12 @@ func (s *Sender) run(ctx context.Context) {
 				s.drop.note(dropped, "the queue was full (--webhook-queue)")
 			}
 			for _, ev := range evs {
+				if s.cfg.Format.Body(ev) == nil {
+					// Nothing to send in this format: done, and not counted
+					// as delivered, since no request was made.
+					done = append(done, ev)
+					continue
+				}
 				byUser[ev.UserID] = append(byUser[ev.UserID], &item{ev: ev, due: now})
 				held++
 			}
@@ -374,8 +385,7 @@ func (s *Sender) backoff(n int) time.Duration {
 func (s *Sender) attempt(ctx context.Context, it *item) result {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	body := it.ev.Body()
-	id := it.ev.ID()
+	body := s.cfg.Format.Body(it.ev)
 	now := time.Now()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.URL, bytes.NewReader(body))
 	if err != nil {
@@ -383,9 +393,7 @@ func (s *Sender) attempt(ctx context.Context, it *item) result {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "greendot-webhooks")
-	req.Header.Set("webhook-id", id)
-	req.Header.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
-	req.Header.Set("webhook-signature", s.cfg.Secret.Sign(id, now, body))
+	s.cfg.Format.Sign(req.Header, it.ev, body, now)
 	resp, err := s.cfg.Client.Do(req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {

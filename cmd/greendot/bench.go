@@ -41,6 +41,11 @@ table, then one JSON object, of what it measured. Scenarios:
              peak RSS and a bystander's heartbeat ack p99 per flood
              (greendot bench abuse -h: its own flags)
 
+idle and fanout take --protocol pusher: the same load over Pusher protocol 7
+(greendot serve --pusher-app-id … --pusher-key K --pusher-secret S; give the
+bench --pusher-key K --pusher-secret S), each socket subscribed to
+presence-{team}; fanout then times member_added and member_removed.
+
 Start the server first (greendot serve); give --grace its --offline-grace.
 
 flags:
@@ -78,6 +83,9 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.APIKey, "api-key", "", "the server's --api-key; or GREENDOT_API_KEY")
 	fs.StringVar(&o.JWTSecret, "jwt-secret", "", "sign client tokens with the server's --jwt-secret; or GREENDOT_JWT_SECRET (unset: dev mode)")
 	fs.StringVar(&o.RedisAddr, "redis-addr", "", "heartbeat: read this Redis's INFO cpu (host:port or redis://…)")
+	fs.StringVar(&o.Protocol, "protocol", "native", "idle, fanout: what the connections speak, native (/v1/connect) or pusher (/app/{key}, presence-{team})")
+	fs.StringVar(&o.PusherKey, "pusher-key", "", "--protocol pusher: the server's --pusher-key")
+	fs.StringVar(&o.PusherSecret, "pusher-secret", "", "--protocol pusher: the server's --pusher-secret, to sign subscriptions; or GREENDOT_PUSHER_SECRET")
 	fs.StringVar(&o.RunID, "run-id", "", "prefix of user and team ids (default random)")
 	durationVar(fs, &o.MaxTime, "max-time", 0, "the `duration` bounding the whole run (default --duration + 10m)")
 	quiet := fs.Bool("quiet", false, "no progress line on stderr")
@@ -109,6 +117,9 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	}
 	if o.JWTSecret == "" {
 		o.JWTSecret = os.Getenv("GREENDOT_JWT_SECRET")
+	}
+	if o.PusherSecret == "" {
+		o.PusherSecret = os.Getenv("GREENDOT_PUSHER_SECRET")
 	}
 	o.Targets = []string{target}
 	if targets != "" {

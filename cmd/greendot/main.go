@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -106,6 +107,11 @@ type serveOptions struct {
 	webhookQueue      int
 	webhookTimeout    time.Duration
 	webhookKey        webhook.Secret // webhookSecret, parsed by validate
+	pusherAppID       string
+	pusherKey         string
+	pusherSecret      string
+	pusherClientEvts  bool
+	pusherWebhookURL  string
 }
 
 // minSecretBytes is the shortest --jwt-secret taken without a warning: an
@@ -139,6 +145,11 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	durationVar(fs, &o.webhookRetryFor, "webhook-retry-for", 24*time.Hour, "a webhook not delivered this `duration` after its change is dropped")
 	fs.IntVar(&o.webhookQueue, "webhook-queue", 100000, "webhook events waiting at most (cluster-wide on Redis); past it the oldest are dropped")
 	durationVar(fs, &o.webhookTimeout, "webhook-timeout", 10*time.Second, "a webhook request not answered within this `duration` has failed and is retried")
+	fs.StringVar(&o.pusherAppID, "pusher-app-id", "", "with --pusher-key and --pusher-secret: speak Pusher Channels (pusher-js, Laravel Echo) at /app/{key} and its REST API at /apps/{id}/ (docs/pusher.md)")
+	fs.StringVar(&o.pusherKey, "pusher-key", "", "the Pusher app key that pusher-js connects with")
+	fs.StringVar(&o.pusherSecret, "pusher-secret", "", "the Pusher app secret that signs channel auth, user sign-in and REST requests")
+	fs.BoolVar(&o.pusherClientEvts, "pusher-client-events", false, "relay client-* events between the sockets of private and presence channels")
+	fs.StringVar(&o.pusherWebhookURL, "pusher-webhook-url", "", "POST Pusher-format presence webhooks (member_added, member_removed) to this URL, signed with --pusher-secret; with or without --webhook-url")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060); off when empty")
 	return fs
 }
@@ -221,10 +232,12 @@ func (o *serveOptions) validateWebhooks() error {
 	switch {
 	case o.webhookURL == "" && o.webhookSecret != "":
 		return errors.New("--webhook-secret without --webhook-url: set both to send webhooks")
-	case o.webhookURL == "":
-		return nil
-	case o.webhookSecret == "":
+	case o.webhookURL != "" && o.webhookSecret == "":
 		return errors.New("--webhook-url needs --webhook-secret (whsec_<base64>) to sign the webhooks")
+	case o.pusherWebhookURL != "" && (o.pusherAppID == "" || o.pusherKey == "" || o.pusherSecret == ""):
+		return errors.New("--pusher-webhook-url needs --pusher-app-id, --pusher-key and --pusher-secret (the secret signs the webhooks)")
+	case o.webhookURL == "" && o.pusherWebhookURL == "":
+		return nil
 	case o.webhookRetryFor <= 0:
 		return fmt.Errorf("--webhook-retry-for must be positive, got %v", o.webhookRetryFor)
 	case o.webhookQueue < 1:
@@ -232,14 +245,46 @@ func (o *serveOptions) validateWebhooks() error {
 	case o.webhookTimeout <= 0:
 		return fmt.Errorf("--webhook-timeout must be positive, got %v", o.webhookTimeout)
 	}
-	if u, err := url.Parse(o.webhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("--webhook-url %q: want an absolute http:// or https:// URL", o.webhookURL)
+	for _, f := range [][2]string{{"--webhook-url", o.webhookURL}, {"--pusher-webhook-url", o.pusherWebhookURL}} {
+		if u, err := url.Parse(f[1]); f[1] != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+			return fmt.Errorf("%s %q: want an absolute http:// or https:// URL", f[0], f[1])
+		}
+	}
+	if o.webhookURL == "" {
+		return nil
 	}
 	key, err := webhook.ParseSecret(o.webhookSecret)
 	if err != nil {
 		return fmt.Errorf("--webhook-secret: %v", err)
 	}
 	o.webhookKey = key
+	return nil
+}
+
+// validatePusher: all three of app id, key and secret, or none, in the
+// characters Pusher's own use (they appear in URLs and signed strings).
+func (o *serveOptions) validatePusher() error {
+	set := 0
+	for _, v := range []string{o.pusherAppID, o.pusherKey, o.pusherSecret} {
+		if v != "" {
+			set++
+		}
+	}
+	switch {
+	case set == 0 && o.pusherClientEvts:
+		return errors.New("--pusher-client-events needs --pusher-app-id, --pusher-key and --pusher-secret")
+	case set == 0:
+		return nil
+	case set < 3:
+		return errors.New("Pusher compatibility needs all three of --pusher-app-id, --pusher-key and --pusher-secret")
+	}
+	for name, v := range map[string]string{"--pusher-app-id": o.pusherAppID, "--pusher-key": o.pusherKey} {
+		for _, r := range v {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+				return fmt.Errorf("%s %q: use letters, digits, - and _ only", name, v)
+			}
+		}
+	}
 	return nil
 }
 
@@ -252,6 +297,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	if err := o.validate(); err != nil {
+		return err
+	}
+	if err := o.validatePusher(); err != nil {
 		return err
 	}
 	// A node's heap is mostly small, long-lived connection state: collecting
@@ -271,35 +319,64 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		o.nodeID = host + "-" + randomSuffix()
 	}
 
-	webhooks := o.webhookURL != ""
+	// Both formats read the one queue of changes, each with a Sender of its
+	// own: on Redis a consumer group each on the same streams, on the
+	// memory store a MemQueue each. An event is still emitted once, by the
+	// change, and each format's receiver is retried on its own.
+	type hookOut struct {
+		cfg   webhook.Config
+		group string // on Redis
+		src   webhook.Source
+	}
+	var outs []*hookOut
+	if o.webhookURL != "" {
+		outs = append(outs, &hookOut{group: redisstore.WebhookGroup,
+			cfg: webhook.Config{URL: o.webhookURL, Secret: o.webhookKey}})
+	}
+	if o.pusherWebhookURL != "" {
+		outs = append(outs, &hookOut{group: redisstore.PusherWebhookGroup,
+			cfg: webhook.Config{URL: o.pusherWebhookURL, Metrics: webhook.NewPusherMetrics(),
+				Format: webhook.Pusher{Key: o.pusherKey, Secret: o.pusherSecret}}})
+	}
+	webhooks := len(outs) > 0
 	whQueue := 0
 	if webhooks {
 		whQueue = o.webhookQueue
 	}
 	var st store.Store
-	var whSource webhook.Source
-	var memQueue *webhook.MemQueue
+	var memQueues []*webhook.MemQueue
 	switch o.storeKind {
 	case "redis":
 		redis.SetLogger(redisLog{log})
+		var groups []string
+		for _, h := range outs {
+			groups = append(groups, h.group)
+		}
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		rs, err := redisstore.New(ctx, redisstore.Config{URL: o.redisURL, Node: o.nodeID, TTL: o.ttl, Grace: o.grace,
-			ForgetAfter: o.forgetAfter, WebhookQueue: whQueue, Logger: log})
+			ForgetAfter: o.forgetAfter, WebhookQueue: whQueue, WebhookGroups: groups, Logger: log})
 		cancel()
 		if err != nil {
 			return err
 		}
 		defer rs.Close()
 		st = rs
-		if webhooks {
-			whSource = rs.Webhooks()
+		for _, h := range outs {
+			h.src = rs.WebhookSource(h.group)
 		}
 	default:
 		cfg := memstore.Config{TTL: o.ttl, Grace: o.grace, ForgetAfter: o.forgetAfter}
-		if webhooks {
-			memQueue = webhook.NewMemQueue(whQueue)
-			cfg.OnChange = memQueue.Add
-			whSource = memQueue
+		for _, h := range outs {
+			q := webhook.NewMemQueue(whQueue)
+			memQueues = append(memQueues, q)
+			h.src = q
+		}
+		if len(memQueues) > 0 {
+			cfg.OnChange = func(ev store.PresenceEvent) {
+				for _, q := range memQueues {
+					q.Add(ev)
+				}
+			}
 		}
 		ms, err := memstore.New(cfg)
 		if err != nil {
@@ -308,17 +385,17 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		st = ms
 	}
 	reg := prometheus.NewRegistry()
-	var sender *webhook.Sender
-	if webhooks {
-		var err error
-		sender, err = webhook.NewSender(webhook.Config{URL: o.webhookURL, Secret: o.webhookKey,
-			Timeout: o.webhookTimeout, RetryFor: o.webhookRetryFor, Logger: log}, whSource)
+	var senders []*webhook.Sender
+	for _, h := range outs {
+		h.cfg.Timeout, h.cfg.RetryFor, h.cfg.Logger = o.webhookTimeout, o.webhookRetryFor, log
+		sender, err := webhook.NewSender(h.cfg, h.src)
 		if err != nil {
 			return err
 		}
 		reg.MustRegister(sender.Metrics().Collectors()...)
 		sender.Start()
 		defer sender.Stop() // before the store closes: deferred after it
+		senders = append(senders, sender)
 	}
 
 	largeTeam := o.largeTeam
@@ -350,9 +427,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		AllowedOrigins:          o.origins,
 		HandshakeTimeout:        o.handshakeTimeout,
 		MaxUnauthenticatedPerIP: unauthPerIP,
-		Static:                  greendot.DemoHandler(),
-		Logger:                  log,
-		Registry:                reg,
+		Pusher: server.PusherConfig{AppID: o.pusherAppID, Key: o.pusherKey, Secret: o.pusherSecret,
+			ClientEvents: o.pusherClientEvts},
+		Static:   greendot.DemoHandler(),
+		Logger:   log,
+		Registry: reg,
 	})
 	if err != nil {
 		return err
@@ -382,8 +461,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Warn("--jwt-secret is short: tokens signed with it can be forged by guessing it; use at least 32 random bytes", "bytes", n)
 	}
 	if webhooks {
-		log.Info("webhooks on", "url", o.webhookURL, "retry_for", o.webhookRetryFor, "queue", o.webhookQueue,
-			"timeout", o.webhookTimeout)
+		log.Info("webhooks on", "url", o.webhookURL, "pusher_url", o.pusherWebhookURL, "retry_for", o.webhookRetryFor,
+			"queue", o.webhookQueue, "timeout", o.webhookTimeout)
 	}
 	if o.apiKey == "" {
 		log.Warn("no --api-key set: the HTTP API (/v1/users, /v1/teams, /v1/presence) is open to anyone who can reach it")
@@ -399,11 +478,20 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := srv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
-	if memQueue != nil {
+	if len(memQueues) > 0 {
 		// The memory queue dies with the process: give the changes of the
-		// drain (and those still waiting) a few seconds to go out.
+		// drain (and those still waiting) a few seconds to go out, in
+		// every format at once.
 		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		sender.Drain(dctx)
+		var wg sync.WaitGroup
+		for _, s := range senders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.Drain(dctx)
+			}()
+		}
+		wg.Wait()
 		dcancel()
 	}
 	log.Info("stopped")

@@ -3,11 +3,14 @@
 package memstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/greendot/greendot/presence"
@@ -27,6 +30,9 @@ type Config struct {
 	// OnChange, when set, receives every published change too, in order,
 	// before the handler (webhooks: webhook.MemQueue.Add). It must not block.
 	OnChange func(store.PresenceEvent)
+	// ChannelCountsTTL: channel counts not set again for this long are no
+	// longer counted. store.ChannelCountsTTL when 0.
+	ChannelCountsTTL time.Duration
 }
 
 // Store is the in-memory store.
@@ -40,12 +46,22 @@ type Store struct {
 	teams   map[string]map[string]struct{} // team → members
 	userOf  map[string]map[string]struct{} // user → teams
 	sorted  map[string][]string            // team → members sorted, cached until the team changes
+	infos   map[string]map[string][]byte   // team → member → user_info
+
+	countsTTL time.Duration
+	counts    map[string]int // this node's channel counts, > 0 only
+	countsAt  time.Time      // when counts were set
 
 	// emitMu orders events: it is taken before mu is released, so events
 	// reach the handler in the order their transitions happened, without
 	// holding mu while the handler runs.
 	emitMu  sync.Mutex
 	handler store.Handler
+
+	onBroadcast atomic.Pointer[func([]byte)] // nil: messages are dropped
+
+	reported    time.Time     // the deadline NextDeadline last reported; guarded by mu
+	rescheduled chan struct{} // Rescheduled; one pending signal at most
 }
 
 var (
@@ -54,8 +70,13 @@ var (
 	_ store.Observable   = (*Store)(nil)
 	_ store.StateReader  = (*Store)(nil)
 	_ store.Counter      = (*Store)(nil)
+	_ store.Scheduler    = (*Store)(nil)
 	_ store.StatusStore  = (*Store)(nil)
 	_ store.TeamsBatcher = (*Store)(nil)
+
+	_ store.Broadcaster    = (*Store)(nil)
+	_ store.ChannelCounter = (*Store)(nil)
+	_ store.MemberInfos    = (*Store)(nil)
 )
 
 // New returns an empty Store.
@@ -69,17 +90,27 @@ func New(cfg Config) (*Store, error) {
 	if cfg.ForgetAfter < 0 || (cfg.ForgetAfter > 0 && cfg.ForgetAfter < cfg.Grace) {
 		return nil, errors.New("memstore: forget-after must be 0 (never) or at least the grace")
 	}
+	if cfg.ChannelCountsTTL == 0 {
+		cfg.ChannelCountsTTL = store.ChannelCountsTTL
+	}
+	if cfg.ChannelCountsTTL < 0 {
+		return nil, errors.New("memstore: channel-counts ttl must not be negative")
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	return &Store{
-		now:      cfg.Now,
-		obs:      cfg.Observer,
-		onChange: cfg.OnChange,
-		tracker:  presence.NewTracker(presence.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter}),
-		teams:    make(map[string]map[string]struct{}),
-		userOf:   make(map[string]map[string]struct{}),
-		sorted:   make(map[string][]string),
+		now:         cfg.Now,
+		obs:         cfg.Observer,
+		onChange:    cfg.OnChange,
+		tracker:     presence.NewTracker(presence.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter}),
+		teams:       make(map[string]map[string]struct{}),
+		userOf:      make(map[string]map[string]struct{}),
+		sorted:      make(map[string][]string),
+		infos:       make(map[string]map[string][]byte),
+		rescheduled: make(chan struct{}, 1),
+
+		countsTTL: cfg.ChannelCountsTTL,
 	}, nil
 }
 
@@ -218,6 +249,86 @@ func (s *Store) MemberCount(_ context.Context, team string) (int, error) {
 	return len(s.teams[team]), nil
 }
 
+// Broadcast implements store.Broadcaster: one node, so the handler is
+// called at once, in the caller's goroutine.
+func (s *Store) Broadcast(_ context.Context, payload []byte) error {
+	if h := s.onBroadcast.Load(); h != nil {
+		(*h)(payload)
+	}
+	return nil
+}
+
+// OnBroadcast implements store.Broadcaster.
+func (s *Store) OnBroadcast(h func(payload []byte)) {
+	if h == nil {
+		s.onBroadcast.Store(nil)
+		return
+	}
+	s.onBroadcast.Store(&h)
+}
+
+// SetChannelCounts implements store.ChannelCounter. The one node's counts
+// expire like a shared store's, so that both behave alike.
+func (s *Store) SetChannelCounts(_ context.Context, counts map[string]int) error {
+	kept := make(map[string]int, len(counts))
+	for ch, n := range counts {
+		if n > 0 {
+			kept[ch] = n
+		}
+	}
+	s.mu.Lock()
+	s.counts, s.countsAt = kept, s.now()
+	s.mu.Unlock()
+	return nil
+}
+
+// ChannelCounts implements store.ChannelCounter.
+func (s *Store) ChannelCounts(_ context.Context, prefix string) (map[string]int, error) {
+	out := make(map[string]int)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.now().Sub(s.countsAt) >= s.countsTTL {
+		s.counts = nil // no longer counted, and dropped when found so
+		return out, nil
+	}
+	for ch, n := range s.counts {
+		if strings.HasPrefix(ch, prefix) {
+			out[ch] = n
+		}
+	}
+	return out, nil
+}
+
+// SetMemberInfo implements store.MemberInfos.
+func (s *Store) SetMemberInfo(_ context.Context, team, user string, info []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(info) == 0 {
+		delete(s.infos[team], user)
+		if len(s.infos[team]) == 0 {
+			delete(s.infos, team)
+		}
+		return nil
+	}
+	if s.infos[team] == nil {
+		s.infos[team] = make(map[string][]byte)
+	}
+	s.infos[team][user] = bytes.Clone(info) // the caller may reuse its buffer
+	return nil
+}
+
+// MemberInfos implements store.MemberInfos.
+func (s *Store) MemberInfos(_ context.Context, team string, users []string) ([][]byte, error) {
+	out := make([][]byte, len(users))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	infos := s.infos[team]
+	for i, u := range users {
+		out[i] = bytes.Clone(infos[u])
+	}
+	return out, nil
+}
+
 func (s *Store) membership(team, user string, join bool) error {
 	s.mu.Lock()
 	members := s.teams[team]
@@ -242,6 +353,10 @@ func (s *Store) membership(team, user string, join bool) error {
 		delete(members, user)
 		if len(members) == 0 {
 			delete(s.teams, team)
+		}
+		delete(s.infos[team], user)
+		if len(s.infos[team]) == 0 {
+			delete(s.infos, team)
 		}
 		delete(s.userOf[user], team)
 		if len(s.userOf[user]) == 0 {
@@ -271,6 +386,13 @@ func (s *Store) transition(op string, apply func(now time.Time) (presence.Outcom
 	if err != nil {
 		s.mu.Unlock()
 		return fmt.Errorf("memstore: %s: %w", op, err)
+	}
+	if next := s.tracker.NextPublish(); !next.IsZero() && (s.reported.IsZero() || next.Before(s.reported)) {
+		s.reported = next
+		select {
+		case s.rescheduled <- struct{}{}:
+		default:
+		}
 	}
 	var events []store.PresenceEvent
 	if len(out.Changes) > 0 {
@@ -316,3 +438,14 @@ func sortedKeys(m map[string]struct{}) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// NextDeadline implements store.Scheduler.
+func (s *Store) NextDeadline() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reported = s.tracker.NextPublish()
+	return s.reported
+}
+
+// Rescheduled implements store.Scheduler.
+func (s *Store) Rescheduled() <-chan struct{} { return s.rescheduled }

@@ -15,7 +15,8 @@ import (
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, cfg storetest.Config) store.Store {
-		s, err := memstore.New(memstore.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter})
+		s, err := memstore.New(memstore.Config{TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter,
+			ChannelCountsTTL: cfg.ChannelCountsTTL})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,5 +160,38 @@ func TestMemberCount(t *testing.T) {
 		if n, err := s.MemberCount(ctx, team); err != nil || n != want {
 			t.Fatalf("MemberCount(%s) = %d, %v; want %d", team, n, err, want)
 		}
+	}
+}
+
+// Channel counts stop counting exactly at the ttl after they were set, on
+// the injected clock; set again, they count again.
+func TestChannelCountsExpireOnInjectedClock(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{now: time.Unix(1_764_500_000, 0)}
+	s, err := memstore.New(memstore.Config{Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := func() map[string]int {
+		t.Helper()
+		m, err := s.ChannelCounts(ctx, "")
+		must(t, err)
+		return m
+	}
+	must(t, s.SetChannelCounts(ctx, map[string]int{"presence-a": 2}))
+	c.advance(store.ChannelCountsTTL - time.Millisecond)
+	if got := counts(); got["presence-a"] != 2 {
+		t.Fatalf("before the ttl: %v", got)
+	}
+	c.advance(time.Millisecond)
+	if got := counts(); len(got) != 0 {
+		t.Fatalf("at the ttl: %v, want none", got)
+	}
+	must(t, s.SetChannelCounts(ctx, map[string]int{"presence-a": 1}))
+	if got := counts(); got["presence-a"] != 1 {
+		t.Fatalf("set again: %v", got)
+	}
+	if _, err := memstore.New(memstore.Config{ChannelCountsTTL: -time.Second}); err == nil {
+		t.Fatal("a negative channel-counts ttl was accepted")
 	}
 }

@@ -685,3 +685,27 @@ func TestBeatIntoEmptiedRedisMarksIt(t *testing.T) {
 		return nil
 	})
 }
+
+// A disconnect that starts a grace sweeps the user's shard again when the
+// grace is over, so its offline comes on time rather than at the next tick.
+// (The test keeps sweeping too, slower than the server's tick but within
+// the sweep gap that would hold graces off, so that whichever sweep ends
+// it, the grace-end sweep must have run.)
+func TestGraceEndIsSwept(t *testing.T) {
+	srv := redistest.Start(t)
+	s, r := mk(t, srv.URL(), "a", 2*time.Second, 300*time.Millisecond)
+	ctx := context.Background()
+	must(t, s.AddMember(ctx, "t", "bob"))
+	sweepFor(t, s, 500*time.Millisecond) // past the hold-off of a fresh Redis
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web", Node: "a"}))
+	waitHist(t, r, 5*time.Second, s, "bob=online")
+	before := s.graceSweeps.Load()
+	must(t, s.Disconnect(ctx, "c1", presence.Closed))
+	waitHist(t, r, 5*time.Second, s, "bob=online bob=offline")
+	testwait.For(t, 5*time.Second, func() error {
+		if n := s.graceSweeps.Load() - before; n != 1 {
+			return fmt.Errorf("%d grace-end sweeps, want 1", n)
+		}
+		return nil
+	})
+}

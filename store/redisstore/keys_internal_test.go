@@ -64,7 +64,7 @@ func newKeyGuard(t *testing.T, r *redistest.Server, sc scripts) *keyGuard {
 		"connect": sc.connect, "heartbeat": sc.heartbeat, "status": sc.status, "disconnect": sc.disconnect,
 		"sweep": sc.sweep, "beat": sc.beat, "presence": sc.presence, "reconcile": sc.reconcile,
 		"floor": sc.floor, "forget": sc.forget, "member_user": sc.memberUser, "member_team": sc.memberTeam,
-		"user_status": sc.userStatus,
+		"user_status": sc.userStatus, "px_set": sc.pxSet, "px_live": sc.pxLive, "px_drop": sc.pxDrop,
 	} {
 		g.names[s.Hash()] = name
 	}
@@ -232,7 +232,7 @@ func TestScriptsDeclareTheirKeys(t *testing.T) {
 		}
 		t.Cleanup(func() { g.check(t) })
 		return guarded(t, g, r, Config{Node: cfg.Node, TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter,
-			NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond})
+			ChannelCountsTTL: cfg.ChannelCountsTTL, NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond})
 	})
 
 	t.Run("FoundWhileRunning", func(t *testing.T) {

@@ -42,6 +42,7 @@ type subscriber struct {
 
 	mu      sync.Mutex
 	members *redis.PubSub
+	px      *redis.PubSub            // pxChannel, app messages (pusher.go)
 	shards  map[string]*redis.PubSub // by channel hash tag ("" on a single server)
 	watched map[string]int           // team → watches minus unwatches; absent when 0
 	chans   map[string]*subState     // by channel, while subscribed
@@ -65,11 +66,28 @@ func (sb *subscriber) start(ctx context.Context) error {
 		_ = ps.Close()
 		return fmt.Errorf("redisstore: subscribe: %w", err)
 	}
+	// App messages have their own connection and reader: a burst of them
+	// must not hold up membership events, and a resubscription after an
+	// outage needs no resync (they are delivered at most once anyway).
+	px := sb.s.rdb.SSubscribe(ctx, pxChannel)
+	if _, err := px.Receive(ctx); err != nil {
+		_ = px.Close()
+		_ = ps.Close()
+		return fmt.Errorf("redisstore: subscribe: %w", err)
+	}
 	sb.mu.Lock()
 	sb.members = ps
+	sb.px = px
 	sb.chans[membershipChannel] = &subState{confirmed: true}
 	sb.mu.Unlock()
 	sb.read(ps)
+	sb.wg.Add(1)
+	go func() {
+		defer sb.wg.Done()
+		for m := range px.Channel() { // closed by px.Close
+			sb.s.deliverBroadcast(m.Payload)
+		}
+	}()
 	return nil
 }
 
@@ -306,6 +324,9 @@ func (sb *subscriber) close() {
 	sb.mu.Lock()
 	if sb.members != nil {
 		_ = sb.members.Close()
+	}
+	if sb.px != nil {
+		_ = sb.px.Close()
 	}
 	for _, ps := range sb.shards {
 		_ = ps.Close()

@@ -68,9 +68,17 @@ type Config struct {
 	// entries each, rounded up) for Webhooks' Sender. Every node of a
 	// deployment must agree on it.
 	WebhookQueue int
+	// WebhookGroups are the consumer groups that read the queue, one per
+	// webhook format (WebhookGroup, PusherWebhookGroup); nil: WebhookGroup
+	// alone. Every node of a deployment must agree on them.
+	WebhookGroups []string
 	// WebhookClaimIdle: the events a node read and has not renewed for this
 	// long (it died) are claimed by another node. 3 × NodeTTL.
 	WebhookClaimIdle time.Duration
+	// ChannelCountsTTL: a node's channel counts not set again for this
+	// long are no longer counted (store.ChannelCounter). Every node of a
+	// deployment should agree on it. store.ChannelCountsTTL (15s).
+	ChannelCountsTTL time.Duration
 	Logger           *slog.Logger
 }
 
@@ -103,7 +111,7 @@ type Store struct {
 	unpublished backlog[pubMsg]     // changes whose publish failed, retried by flushLoop
 
 	subs *subscriber
-	wh   *whQueue // nil: webhooks off
+	wh   map[string]*whQueue // by consumer group; nil: webhooks off
 
 	healthy atomic.Bool
 	beaten  atomic.Bool  // the first beat is done
@@ -122,10 +130,13 @@ type Store struct {
 	// the hold-off before it resyncs; until then its own view of the
 	// membership may be the one from before the loss. See Intact.
 	awaitingResync atomic.Bool
-	forgetNext     atomic.Int64  // UnixNano before which Sweep does not forget (pacing only)
+	forgetNext     atomic.Int64 // UnixNano before which Sweep does not forget (pacing only)
+	onBroadcast    atomic.Pointer[func([]byte)]
+	countsSet      atomic.Bool   // this node set channel counts: Close removes them
 	stop           chan struct{} // closed by Close; never sent on
 	wg             sync.WaitGroup
 	closed         atomic.Bool
+	graceSweeps    atomic.Int64 // sweeps at a grace end (sweepAtGraceEnd) run
 }
 
 var (
@@ -168,6 +179,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.ChannelCountsTTL == 0 {
+		cfg.ChannelCountsTTL = store.ChannelCountsTTL
+	}
+	if cfg.ChannelCountsTTL < 0 {
+		return nil, errors.New("redisstore: channel-counts ttl must not be negative")
 	}
 	if cfg.WebhookClaimIdle <= 0 {
 		cfg.WebhookClaimIdle = 3 * cfg.NodeTTL
@@ -214,14 +231,22 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s.healthy.Store(true)
 	if cfg.WebhookQueue > 0 {
-		s.wh = newWHQueue(s)
+		groups := cfg.WebhookGroups
+		if len(groups) == 0 {
+			groups = []string{WebhookGroup}
+		}
+		s.wh = map[string]*whQueue{}
 		all := make([]int, numShards)
 		for sh := range all {
 			all[sh] = sh
 		}
-		if err := s.wh.makeGroups(ctx, all); err != nil {
-			_ = s.rdb.Close()
-			return nil, fmt.Errorf("redisstore: webhook queue: %w", err)
+		for _, g := range groups {
+			q := newWHQueue(s, g, groups)
+			if err := q.makeGroups(ctx, all); err != nil {
+				_ = s.rdb.Close()
+				return nil, fmt.Errorf("redisstore: webhook queue: %w", err)
+			}
+			s.wh[g] = q
 		}
 	}
 	s.subs = newSubscriber(s)
@@ -315,6 +340,7 @@ func (s *Store) Close() error {
 	defer cancel()
 	s.flushHeartbeats(ctx)
 	s.beat(ctx, true)
+	s.releaseChannelCounts(ctx)
 	s.subs.close()
 	return s.rdb.Close()
 }
@@ -463,6 +489,9 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 	}
 	dc := s.disconnectCall(connID, lc.user, lc.node, cause, true)
 	v, err := run(ctx, s.rdb, s.sc.disconnect, dc.keys, dc.args...)
+	if err == nil {
+		s.sweepAtGraceEnd(shardOf(lc.user))
+	}
 	if err != nil {
 		if !isRedisReply(err) {
 			s.endLater(pendingEnd{id: connID, user: lc.user, node: lc.node, cause: cause, known: true})
@@ -481,28 +510,69 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 // ForgetAfter (see forget).
 func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
+	shards := make([]int, numShards)
+	for sh := range shards {
+		shards[sh] = sh
+	}
+	s.m.sweeps.Inc()
+	err := s.sweepShards(ctx, shards, start)
+	if err == nil {
+		err = s.forget(ctx)
+	}
+	if err != nil {
+		return s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep: %w", err))
+	}
+	return nil
+}
+
+// sweepCall is the sweep script's call for shard sh.
+func (s *Store) sweepCall(sh int) call {
 	// Recovering from a loss lasts until the hold-off after this node wrote
 	// its connections back: a sweep of an emptied shard that comes only
 	// after that finds no sweep record and this node in NODES, as in a
 	// fresh Redis, and must still mark it emptied for the others' sake.
 	recovering := boolArg(!s.healthy.Load() || s.lostData.Load() || s.awaitingResync.Load())
-	mk := func(sh int) call {
-		return call{keys: shardKeys(sh), args: []any{s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
-			s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds(),
-			s.cfg.Node, recovering}}
+	return call{keys: shardKeys(sh), args: []any{s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
+		s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds(),
+		s.cfg.Node, recovering}}
+}
+
+// sweepAtGraceEnd sweeps shard sh once more when a grace that a disconnect
+// may just have started is over, so that its offline is published on time
+// rather than at the next tick. Any node may sweep any shard: the script's
+// claims make a second sweep harmless.
+func (s *Store) sweepAtGraceEnd(sh int) {
+	if s.cfg.Grace <= 0 {
+		return
 	}
-	calls := make([]call, numShards)
-	for sh := range calls {
-		calls[sh] = mk(sh)
+	// A few ms past it: the grace runs on Redis's clock from the script.
+	time.AfterFunc(s.cfg.Grace+5*time.Millisecond, func() {
+		if s.closed.Load() {
+			return
+		}
+		s.graceSweeps.Add(1)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.sweepShards(ctx, []int{sh}, time.Now()); err != nil {
+			_ = s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep at grace end: %w", err))
+		}
+	})
+}
+
+// sweepShards sweeps shards and publishes what they claimed, even when
+// some fail.
+func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) error {
+	calls := make([]call, len(shards))
+	for i, sh := range shards {
+		calls[i] = s.sweepCall(sh)
 	}
-	// What the healthy shards claimed is published even when others fail.
 	replies, errs := s.evalMany(ctx, s.sc.sweep, calls)
 	newlyEmptied := false
-	s.m.sweeps.Inc()
 	var err error
-	for sh, v := range replies {
-		if errs[sh] != nil {
-			err = cmp.Or(err, errs[sh])
+	for i, v := range replies {
+		sh := shards[i]
+		if errs[i] != nil {
+			err = cmp.Or(err, errs[i])
 			continue
 		}
 		r, _ := v.([]any)
@@ -530,13 +600,7 @@ func (s *Store) Sweep(ctx context.Context) error {
 		s.lostData.Store(true)
 		s.healthy.Store(false)
 	}
-	if err == nil {
-		err = s.forget(ctx)
-	}
-	if err != nil {
-		return s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep: %w", err))
-	}
-	return nil
+	return err
 }
 
 // forgetBatch bounds the users one shard forgets in one script.

@@ -28,6 +28,8 @@ type scripts struct {
 	userStatus                                                               *redis.Script // set_status
 
 	forget *redis.Script // not a transition: drops users offline for forget-after
+
+	pxSet, pxLive, pxDrop *redis.Script // channel counts (pusher.go)
 }
 
 // loadScripts builds the scripts; with whMax > 0 webhooks are on and every
@@ -45,6 +47,9 @@ func loadScripts(whMax int) scripts {
 		userStatus: s("user_status"),
 		memberUser: redis.NewScript(mustRead("member_user")),
 		memberTeam: redis.NewScript(mustRead("member_team")),
+		pxSet:      redis.NewScript(mustRead("px_set")),
+		pxLive:     redis.NewScript(mustRead("px_live")),
+		pxDrop:     redis.NewScript(mustRead("px_drop")),
 	}
 }
 

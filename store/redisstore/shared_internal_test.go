@@ -19,7 +19,8 @@ func sharedBackend(url string, cfg storetest.Config) storetest.Shared {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			s, err := New(ctx, Config{URL: url, Node: node, TTL: cfg.TTL, Grace: cfg.Grace,
-				NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond, Logger: logger()})
+				NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond, ChannelCountsTTL: cfg.ChannelCountsTTL,
+				Logger: logger()})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -24,9 +24,18 @@ import (
 // after a 2xx (or gives up), renewing its hold meanwhile (wh_keep.lua). The
 // entries of a node that stopped renewing (killed, paused, cut off) are
 // claimed by another after whClaimIdle. See docs/webhooks.md.
+//
+// Each webhook format has its own consumer group on the same streams, so
+// that an event is emitted once (by the script) whatever the formats, and
+// each format delivers and retries it on its own: a group's pending list
+// and claims are its own. An entry is deleted only by the last group done
+// with it (wh_done.lua), atomically, so neither loses it to the other.
 
-// whGroup is the consumer group of every node.
-const whGroup = "greendot-webhooks"
+// Consumer groups, one per webhook format.
+const (
+	WebhookGroup       = "greendot-webhooks"        // Standard Webhooks
+	PusherWebhookGroup = "greendot-pusher-webhooks" // Pusher's format
+)
 
 func whKey(sh int) string { return prefix(sh) + "wh" }
 
@@ -42,8 +51,11 @@ func whShardMax(total int) int {
 // goroutine (the Sender's dispatcher).
 type whQueue struct {
 	s         *Store
+	group     string
+	others    []string // the other formats' groups on the same streams
 	claimIdle time.Duration
 	keep      *redis.Script
+	done      *redis.Script
 
 	nextClaim   time.Time
 	cursors     [numShards]string // XAUTOCLAIM's, per shard
@@ -52,17 +64,29 @@ type whQueue struct {
 
 var _ webhook.Source = (*whQueue)(nil)
 
-// Webhooks is the store's webhook queue, nil unless Config.WebhookQueue
-// turned webhooks on.
-func (s *Store) Webhooks() webhook.Source {
-	if s.wh == nil {
+// Webhooks is the store's webhook queue as the Standard Webhooks format's
+// group reads it, nil unless Config.WebhookQueue turned webhooks on and
+// Config.WebhookGroups has that group.
+func (s *Store) Webhooks() webhook.Source { return s.WebhookSource(WebhookGroup) }
+
+// WebhookSource is the store's webhook queue as group reads it; nil unless
+// group is one of Config.WebhookGroups.
+func (s *Store) WebhookSource(group string) webhook.Source {
+	q := s.wh[group]
+	if q == nil {
 		return nil
 	}
-	return s.wh
+	return q
 }
 
-func newWHQueue(s *Store) *whQueue {
-	q := &whQueue{s: s, claimIdle: s.cfg.WebhookClaimIdle, keep: redis.NewScript(mustRead("wh_keep"))}
+func newWHQueue(s *Store, group string, groups []string) *whQueue {
+	q := &whQueue{s: s, group: group, claimIdle: s.cfg.WebhookClaimIdle,
+		keep: redis.NewScript(mustRead("wh_keep")), done: redis.NewScript(mustRead("wh_done"))}
+	for _, g := range groups {
+		if g != group {
+			q.others = append(q.others, g)
+		}
+	}
 	for sh := range q.cursors {
 		q.cursors[sh] = "0-0"
 	}
@@ -76,7 +100,7 @@ func (q *whQueue) makeGroups(ctx context.Context, shards []int) error {
 	pipe := q.s.rdb.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(shards))
 	for i, sh := range shards {
-		cmds[i] = pipe.XGroupCreateMkStream(ctx, whKey(sh), whGroup, "0")
+		cmds[i] = pipe.XGroupCreateMkStream(ctx, whKey(sh), q.group, "0")
 	}
 	_, _ = pipe.Exec(ctx)
 	for _, c := range cmds {
@@ -100,7 +124,7 @@ func (q *whQueue) Take(ctx context.Context, n int) ([]*webhook.Event, error) {
 		pipe := q.s.rdb.Pipeline()
 		cmds := make([]*redis.XAutoClaimCmd, numShards)
 		for sh := range cmds {
-			cmds[sh] = pipe.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: whKey(sh), Group: whGroup,
+			cmds[sh] = pipe.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: whKey(sh), Group: q.group,
 				MinIdle: q.claimIdle, Start: q.cursors[sh], Count: int64(per), Consumer: node})
 		}
 		_, _ = pipe.Exec(ctx)
@@ -127,7 +151,7 @@ func (q *whQueue) Take(ctx context.Context, n int) ([]*webhook.Event, error) {
 	pipe := q.s.rdb.Pipeline()
 	cmds := make([]*redis.XStreamSliceCmd, numShards)
 	for sh := range cmds {
-		cmds[sh] = pipe.XReadGroup(ctx, &redis.XReadGroupArgs{Group: whGroup, Consumer: node,
+		cmds[sh] = pipe.XReadGroup(ctx, &redis.XReadGroupArgs{Group: q.group, Consumer: node,
 			Streams: []string{whKey(sh), ">"}, Count: int64(per), Block: -1})
 	}
 	_, _ = pipe.Exec(ctx)
@@ -166,7 +190,7 @@ func (q *whQueue) appendEvents(out []*webhook.Event, sh int, msgs []redis.XMessa
 		if err != nil {
 			// Not ours to deliver, and it would come back forever.
 			q.s.log.Error("webhooks: a malformed queue entry is removed", "shard", sh, "id", m.ID, "err", err)
-			_ = q.s.rdb.XAck(context.Background(), whKey(sh), whGroup, m.ID).Err()
+			_ = q.s.rdb.XAck(context.Background(), whKey(sh), q.group, m.ID).Err()
 			_ = q.s.rdb.XDel(context.Background(), whKey(sh), m.ID).Err()
 			continue
 		}
@@ -232,7 +256,7 @@ func (q *whQueue) Keep(ctx context.Context, evs []*webhook.Event) ([]*webhook.Ev
 	var lost []*webhook.Event
 	var firstErr error
 	for sh, list := range byShard(evs) {
-		args := []any{whGroup, q.s.cfg.Node}
+		args := []any{q.group, q.s.cfg.Node}
 		for _, ev := range list {
 			_, id, _ := splitRef(ev.Ref)
 			args = append(args, id)
@@ -259,18 +283,40 @@ func (q *whQueue) Keep(ctx context.Context, evs []*webhook.Event) ([]*webhook.Ev
 
 // Done implements webhook.Source: acknowledged and deleted, so the stream
 // holds only what is still to deliver (its length is the queue's depth).
+// With other groups, deleted only once none of them has it to deliver.
 func (q *whQueue) Done(ctx context.Context, evs []*webhook.Event) error {
+	if len(q.others) > 0 {
+		return q.doneShared(ctx, evs)
+	}
 	pipe := q.s.rdb.Pipeline()
 	for sh, list := range byShard(evs) {
 		ids := make([]string, len(list))
 		for i, ev := range list {
 			_, ids[i], _ = splitRef(ev.Ref)
 		}
-		pipe.XAck(ctx, whKey(sh), whGroup, ids...)
+		pipe.XAck(ctx, whKey(sh), q.group, ids...)
 		pipe.XDel(ctx, whKey(sh), ids...)
 	}
 	_, err := pipe.Exec(ctx)
 	return err
+}
+
+func (q *whQueue) doneShared(ctx context.Context, evs []*webhook.Event) error {
+	var firstErr error
+	for sh, list := range byShard(evs) {
+		args := []any{q.group, len(q.others)}
+		for _, g := range q.others {
+			args = append(args, g)
+		}
+		for _, ev := range list {
+			_, id, _ := splitRef(ev.Ref)
+			args = append(args, id)
+		}
+		if _, err := run(ctx, q.s.rdb, q.done, []string{whKey(sh)}, args...); err != nil {
+			firstErr = cmp.Or(firstErr, err)
+		}
+	}
+	return firstErr
 }
 
 // Stats implements webhook.Source, for the whole cluster.
@@ -302,13 +348,13 @@ func (q *whQueue) Stats(ctx context.Context) (int, time.Time, error) {
 // process with a new node id adds one to every shard's group.
 func (q *whQueue) cleanup(ctx context.Context) {
 	for sh := range numShards {
-		cs, err := q.s.rdb.XInfoConsumers(ctx, whKey(sh), whGroup).Result()
+		cs, err := q.s.rdb.XInfoConsumers(ctx, whKey(sh), q.group).Result()
 		if err != nil {
 			continue
 		}
 		for _, c := range cs {
 			if c.Pending == 0 && c.Idle > time.Hour && c.Name != q.s.cfg.Node {
-				_ = q.s.rdb.XGroupDelConsumer(ctx, whKey(sh), whGroup, c.Name).Err()
+				_ = q.s.rdb.XGroupDelConsumer(ctx, whKey(sh), q.group, c.Name).Err()
 			}
 		}
 	}

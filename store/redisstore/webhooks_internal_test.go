@@ -21,7 +21,7 @@ import (
 func TestWebhookQueue(t *testing.T) {
 	r := redistest.Start(t)
 	g := newKeyGuard(t, r, loadScripts(whShardMax(64)))
-	g.names[newWHQueue(&Store{}).keep.Hash()] = "wh_keep"
+	g.names[newWHQueue(&Store{}, WebhookGroup, nil).keep.Hash()] = "wh_keep"
 	cfg := Config{TTL: 5 * time.Second, Grace: time.Second, NodeTTL: 600 * time.Millisecond,
 		HoldOff: 300 * time.Millisecond, WebhookQueue: 64, WebhookClaimIdle: time.Second}
 	cfg.Node = "a"
@@ -42,7 +42,7 @@ func TestWebhookQueue(t *testing.T) {
 		t.Fatalf("XLEN %s = %s, want 2 (64 over 32 shards)", key, n)
 	}
 
-	evs, err := a.wh.Take(ctx, 100)
+	evs, err := a.wh[WebhookGroup].Take(ctx, 100)
 	must(t, err)
 	if len(evs) != 2 || evs[0].State != presence.Away || evs[0].Previous != presence.Online ||
 		evs[1].State != presence.Online || evs[1].Previous != presence.Away {
@@ -51,19 +51,19 @@ func TestWebhookQueue(t *testing.T) {
 	if evs[0].Dropped != 0 || evs[1].Dropped != 1 {
 		t.Fatalf("dropped %d, %d; want the entry that made room to say 1", evs[0].Dropped, evs[1].Dropped)
 	}
-	if more, _ := b.wh.Take(ctx, 100); len(more) != 0 {
+	if more, _ := b.wh[WebhookGroup].Take(ctx, 100); len(more) != 0 {
 		t.Fatalf("b took %s, held by a", show(more))
 	}
 	// a renews for longer than the claim idle: b takes nothing.
 	for range 5 {
-		lost, err := a.wh.Keep(ctx, evs)
+		lost, err := a.wh[WebhookGroup].Keep(ctx, evs)
 		must(t, err)
 		if len(lost) != 0 {
 			t.Fatalf("a lost %s", show(lost))
 		}
 		time.Sleep(300 * time.Millisecond) // 1.5 s in all, past the claim idle
-		b.wh.nextClaim = time.Time{}
-		if more, _ := b.wh.Take(ctx, 100); len(more) != 0 {
+		b.wh[WebhookGroup].nextClaim = time.Time{}
+		if more, _ := b.wh[WebhookGroup].Take(ctx, 100); len(more) != 0 {
 			t.Fatalf("b claimed %s while a renewed them", show(more))
 		}
 	}
@@ -71,8 +71,8 @@ func TestWebhookQueue(t *testing.T) {
 	kill9(a)
 	var claimed []*webhook.Event
 	testwait.For(t, 5*time.Second, func() error {
-		b.wh.nextClaim = time.Time{}
-		more, err := b.wh.Take(ctx, 100)
+		b.wh[WebhookGroup].nextClaim = time.Time{}
+		more, err := b.wh[WebhookGroup].Take(ctx, 100)
 		claimed = append(claimed, more...)
 		if err != nil || len(claimed) < 2 {
 			return fmt.Errorf("b claimed %s (%v)", show(claimed), err)
@@ -82,21 +82,21 @@ func TestWebhookQueue(t *testing.T) {
 	if len(claimed) != 2 || claimed[0].ID() != evs[0].ID() || claimed[1].ID() != evs[1].ID() {
 		t.Fatalf("claimed %s, want %s", show(claimed), show(evs))
 	}
-	if lost, err := c.wh.Keep(ctx, claimed); err != nil || len(lost) != 2 {
+	if lost, err := c.wh[WebhookGroup].Keep(ctx, claimed); err != nil || len(lost) != 2 {
 		t.Fatalf("c renewed events b holds: lost %s, %v", show(lost), err)
 	}
-	if lost, err := b.wh.Keep(ctx, claimed); err != nil || len(lost) != 0 {
+	if lost, err := b.wh[WebhookGroup].Keep(ctx, claimed); err != nil || len(lost) != 0 {
 		t.Fatalf("b lost %s, %v", show(lost), err)
 	}
-	depth, oldest, err := b.wh.Stats(ctx)
+	depth, oldest, err := b.wh[WebhookGroup].Stats(ctx)
 	if err != nil || depth != 2 || !oldest.Equal(evs[0].At) {
 		t.Fatalf("stats %d %v %v", depth, oldest, err)
 	}
-	must(t, b.wh.Done(ctx, claimed))
-	if depth, oldest, err := b.wh.Stats(ctx); err != nil || depth != 0 || !oldest.IsZero() {
+	must(t, b.wh[WebhookGroup].Done(ctx, claimed))
+	if depth, oldest, err := b.wh[WebhookGroup].Stats(ctx); err != nil || depth != 0 || !oldest.IsZero() {
 		t.Fatalf("stats after done %d %v %v", depth, oldest, err)
 	}
-	if p, _ := r.DoList("XPENDING", key, whGroup); len(p) > 0 && p[0] != "0" {
+	if p, _ := r.DoList("XPENDING", key, WebhookGroup); len(p) > 0 && p[0] != "0" {
 		t.Fatalf("pending after done: %v", p)
 	}
 	g.check(t)
@@ -111,10 +111,10 @@ func TestWebhookQueueAfterFlush(t *testing.T) {
 	if _, err := r.Do("FLUSHALL"); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = s.wh.Take(ctx, 10) // NOGROUP: made again
+	_, _ = s.wh[WebhookGroup].Take(ctx, 10) // NOGROUP: made again
 	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
 	testwait.For(t, 5*time.Second, func() error {
-		evs, err := s.wh.Take(ctx, 10)
+		evs, err := s.wh[WebhookGroup].Take(ctx, 10)
 		if err != nil || len(evs) != 1 || evs[0].UserID != "bob" {
 			return fmt.Errorf("took %s, %v", show(evs), err)
 		}
@@ -128,4 +128,66 @@ func show(evs []*webhook.Event) string {
 		s += fmt.Sprintf(" %s:%v>%v@%d(dr%d)", e.UserID, e.Previous, e.State, e.Version, e.Dropped)
 	}
 	return s + " ]"
+}
+
+// Two formats read one queue, each in its group: each takes every event
+// once, and an event leaves the stream only when both are done with it,
+// whichever is done first, and even when the other has not read it yet.
+func TestWebhookQueueTwoGroups(t *testing.T) {
+	r := redistest.Start(t)
+	g := newKeyGuard(t, r, loadScripts(whShardMax(64)))
+	q0 := newWHQueue(&Store{}, WebhookGroup, nil)
+	g.names[q0.keep.Hash()] = "wh_keep"
+	g.names[q0.done.Hash()] = "wh_done"
+	s := guarded(t, g, r, Config{Node: "a", TTL: 5 * time.Second, Grace: time.Second,
+		NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond, WebhookQueue: 64,
+		WebhookGroups: []string{WebhookGroup, PusherWebhookGroup}})
+	s.Subscribe(nopHandler{})
+	native, px := s.wh[WebhookGroup], s.wh[PusherWebhookGroup]
+	ctx := context.Background()
+	key := whKey(shardOf("bob"))
+	xlen := func() string { n, _ := r.Do("XLEN", key); return n }
+
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	first, err := native.Take(ctx, 100)
+	must(t, err)
+	if len(first) != 1 {
+		t.Fatalf("native took %s", show(first))
+	}
+	// Done natively before the Pusher group read it: it stays for it.
+	must(t, native.Done(ctx, first))
+	if n := xlen(); n != "1" {
+		t.Fatalf("XLEN %s after the native done, want 1 (unread by the Pusher group)", n)
+	}
+	got, err := px.Take(ctx, 100)
+	must(t, err)
+	if len(got) != 1 || got[0].ID() != first[0].ID() {
+		t.Fatalf("Pusher group took %s, want %s", show(got), show(first))
+	}
+	must(t, px.Done(ctx, got))
+	if n := xlen(); n != "0" {
+		t.Fatalf("XLEN %s after both were done, want 0", n)
+	}
+
+	// The other order, with both holding it pending.
+	must(t, s.SetStatus(ctx, "c1", false))
+	a, err := native.Take(ctx, 100)
+	must(t, err)
+	b, err := px.Take(ctx, 100)
+	must(t, err)
+	if len(a) != 1 || len(b) != 1 {
+		t.Fatalf("took %s and %s", show(a), show(b))
+	}
+	must(t, px.Done(ctx, b))
+	if n := xlen(); n != "1" {
+		t.Fatalf("XLEN %s after the Pusher done, want 1 (pending natively)", n)
+	}
+	if lost, err := native.Keep(ctx, a); err != nil || len(lost) != 0 {
+		t.Fatalf("native lost %s (%v) to the Pusher group's done", show(lost), err)
+	}
+	must(t, native.Done(ctx, a))
+	if n := xlen(); n != "0" {
+		t.Fatalf("XLEN %s after both were done, want 0", n)
+	}
+	g.check(t)
 }

@@ -46,6 +46,8 @@ func RunShared(t *testing.T, newShared NewShared) {
 		{"ConcurrentMembershipTwoNodes", TTL, testConcurrentMembershipTwoNodes},
 		{"WatchConfirmed", TTL, testWatchConfirmed},
 		{"WatchCounts", TTL, testWatchCounts},
+		{"BroadcastTwoNodes", TTL, testBroadcastTwoNodes},
+		{"ChannelCountsTwoNodes", TTL, testChannelCountsTwoNodes},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -29,6 +29,9 @@ type Config struct {
 	Grace       time.Duration
 	ForgetAfter time.Duration // 0: never forget
 	Node        string
+	// ChannelCountsTTL: store.ChannelCountsTTL when 0; only the test of
+	// the counts' expiry sets it.
+	ChannelCountsTTL time.Duration
 }
 
 // NewStore returns a fresh, empty store; it is closed by the caller's
@@ -66,6 +69,9 @@ func Run(t *testing.T, newStore NewStore) {
 		{"VersionsIncrease", testVersionsIncrease},
 		{"UserStatus", testUserStatus},
 		{"StatusOfAnOfflineUser", testStatusOfAnOfflineUser},
+		{"Broadcast", testBroadcast},
+		{"ChannelCounts", testChannelCounts},
+		{"MemberInfos", testMemberInfos},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -75,6 +81,10 @@ func Run(t *testing.T, newStore NewStore) {
 	t.Run("ForgottenAfterForgetAfter", func(t *testing.T) {
 		testForgottenAfterForgetAfter(t, newHarness(t, newStore,
 			Config{TTL: TTL, Grace: Grace, ForgetAfter: ForgetAfter, Node: "node-a"}))
+	})
+	t.Run("ChannelCountsExpire", func(t *testing.T) {
+		testChannelCountsExpire(t, newHarness(t, newStore,
+			Config{TTL: TTL, Grace: Grace, Node: "node-a", ChannelCountsTTL: ChannelCountsTTL}))
 	})
 }
 

@@ -1,0 +1,270 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/internal/pushertest"
+	"github.com/greendot/greendot/pusher"
+	"github.com/greendot/greendot/server"
+)
+
+const (
+	pxApp    = "123"
+	pxKey    = "key-abc"
+	pxSecret = "s3cret"
+)
+
+func startPusher(t *testing.T, mutate ...func(*server.Config)) *testServer {
+	return startServer(t, append([]func(*server.Config){func(c *server.Config) {
+		c.Pusher = server.PusherConfig{AppID: pxApp, Key: pxKey, Secret: pxSecret, ClientEvents: true}
+	}}, mutate...)...)
+}
+
+var pxTestApp = pushertest.App{ID: pxApp, Key: pxKey, Secret: pxSecret}
+
+func (ts *testServer) pxDial(t *testing.T, name string) *pushertest.Socket {
+	t.Helper()
+	return pushertest.Dial(t, ts.addr, pxTestApp, name, 0)
+}
+
+func (ts *testServer) signedRequest(t *testing.T, secret, method, path string, q url.Values, body string) (int, string) {
+	t.Helper()
+	return pushertest.REST(t, ts.addr, pxTestApp, secret, method, path, q, body)
+}
+
+func TestPusherPresenceMembersAreUsers(t *testing.T) {
+	ts := startPusher(t)
+	bob := ts.pxDial(t, "bob")
+	bob.SubscribePresence("eng", "bob", `{"name":"Bob"}`)
+	if m := bob.Members("presence-eng"); len(m) != 1 || string(m["bob"]) != `{"name":"Bob"}` {
+		t.Fatalf("bob's list: %v", m)
+	}
+	alice1 := ts.pxDial(t, "alice1")
+	alice1.SubscribePresence("eng", "alice", `{"name":"Alice"}`)
+	if m := alice1.Members("presence-eng"); len(m) != 2 || string(m["bob"]) != `{"name":"Bob"}` {
+		t.Fatalf("alice's list: %v", m)
+	}
+	if u, info := bob.MemberEvent("pusher_internal:member_added", 5*time.Second); u != "alice" || info != `{"name":"Alice"}` {
+		t.Fatalf("member_added %s %s", u, info)
+	}
+	// A second tab of alice is no news; closing one of two neither.
+	alice2 := ts.pxDial(t, "alice2")
+	alice2.SubscribePresence("eng", "alice", `{"name":"Alice"}`)
+	alice2.Members("presence-eng")
+	alice1.Close()
+	bob.Quiet(testGrace + 300*time.Millisecond)
+	// A reload within the grace: close and come back.
+	alice2.Close()
+	alice3 := ts.pxDial(t, "alice3")
+	alice3.SubscribePresence("eng", "alice", `{"name":"Alice"}`)
+	alice3.Members("presence-eng")
+	bob.Quiet(testGrace + 300*time.Millisecond)
+	alice3.Close()
+	if u, _ := bob.MemberEvent("pusher_internal:member_removed", 5*time.Second); u != "alice" {
+		t.Fatalf("member_removed of %s", u)
+	}
+}
+
+func TestPusherAndNativeClientsSeeEachOther(t *testing.T) {
+	ts := startPusher(t)
+	ts.join("eng", "carol")
+	carol := ts.dial(t, "carol")
+	bob := ts.pxDial(t, "bob")
+	bob.SubscribePresence("eng", "bob", `{}`)
+	if m := bob.Members("presence-eng"); len(m) != 2 || string(m["carol"]) != "{}" {
+		t.Fatalf("bob's list: %v", m)
+	}
+	carol.expectChanges(5*time.Second, "bob=online")
+	carol.close()
+	if u, _ := bob.MemberEvent("pusher_internal:member_removed", 5*time.Second); u != "carol" {
+		t.Fatalf("member_removed of %s", u)
+	}
+	dave := ts.dial(t, "dave")
+	ts.join("eng", "dave")
+	if u, _ := bob.MemberEvent("pusher_internal:member_added", 5*time.Second); u != "dave" {
+		t.Fatalf("member_added of %s", u)
+	}
+	dave.expectChanges(5*time.Second, "bob=online")
+	bob.Close()
+	dave.expectChanges(5*time.Second, "bob=offline")
+}
+
+func TestPusherRefusesBadAuth(t *testing.T) {
+	ts := startPusher(t)
+	c := ts.pxDial(t, "eve")
+	cd := `{"user_id":"eve"}`
+	c.Send(map[string]any{"event": "pusher:subscribe", "data": map[string]string{"channel": "presence-eng",
+		"auth": pxKey + ":" + pusher.SignChannel("wrong", c.SocketID, "presence-eng", cd), "channel_data": cd}})
+	f := c.Next("pusher:subscription_error")
+	if f["channel"] != "presence-eng" {
+		t.Fatalf("error frame %v", f)
+	}
+	c.Send(map[string]any{"event": "pusher:subscribe", "data": map[string]string{"channel": "private-x", "auth": pxKey + ":00"}})
+	c.Next("pusher:subscription_error")
+	c.Send(map[string]any{"event": "pusher:subscribe", "data": map[string]string{"channel": "bad name!"}})
+	c.Next("pusher:subscription_error")
+	// One user per socket.
+	c.SubscribePresence("eng", "eve", "{}")
+	c.Members("presence-eng")
+	c.SubscribePresence("ops", "mallory", "{}")
+	c.Next("pusher:subscription_error")
+	if p := ts.presenceOf("mallory"); p["state"] != "offline" {
+		t.Fatalf("mallory: %v", p)
+	}
+}
+
+func TestPusherWrongKey(t *testing.T) {
+	ts := startPusher(t)
+	c := pushertest.DialKey(t, ts.addr, pxTestApp, "nope", "nope", 0)
+	f := c.Next("pusher:error")
+	if d, _ := f["data"].(map[string]any); d["code"] != float64(pusher.CodeAppNotFound) {
+		t.Fatalf("error %v", f)
+	}
+}
+
+func TestPusherPingPong(t *testing.T) {
+	ts := startPusher(t)
+	c := ts.pxDial(t, "p")
+	c.Send(map[string]any{"event": "pusher:ping", "data": map[string]any{}})
+	c.Next("pusher:pong")
+}
+
+func TestPusherRESTTriggerAndChannels(t *testing.T) {
+	ts := startPusher(t)
+	a := ts.pxDial(t, "a")
+	a.Send(map[string]any{"event": "pusher:subscribe", "data": map[string]string{"channel": "news"}})
+	a.Next("pusher_internal:subscription_succeeded")
+	b := ts.pxDial(t, "b")
+	b.Send(map[string]any{"event": "pusher:subscribe", "data": map[string]string{"channel": "news"}})
+	b.Next("pusher_internal:subscription_succeeded")
+
+	body := fmt.Sprintf(`{"name":"flash","channels":["news"],"data":"{\"x\":1}","socket_id":%q}`, b.SocketID)
+	if code, out := ts.signedRequest(t, pxSecret, "POST", "/apps/"+pxApp+"/events", nil, body); code != 200 {
+		t.Fatalf("trigger: %d %s", code, out)
+	}
+	f := a.Next("flash")
+	if f["channel"] != "news" || f["data"] != `{"x":1}` {
+		t.Fatalf("event %v", f)
+	}
+	b.Quiet(200 * time.Millisecond) // excluded by socket_id
+	if code, _ := ts.signedRequest(t, "wrong", "POST", "/apps/"+pxApp+"/events", nil, body); code != 401 {
+		t.Fatalf("wrong secret: %d", code)
+	}
+	big := fmt.Sprintf(`{"name":"x","channel":"news","data":%q}`, strings.Repeat("a", 10<<10+1))
+	if code, _ := ts.signedRequest(t, pxSecret, "POST", "/apps/"+pxApp+"/events", nil, big); code != 413 {
+		t.Fatalf("big event: %d", code)
+	}
+	code, out := ts.signedRequest(t, pxSecret, "GET", "/apps/"+pxApp+"/channels", nil, "")
+	if code != 200 || !strings.Contains(out, `"news":{}`) {
+		t.Fatalf("channels: %d %s", code, out)
+	}
+	a.SubscribePresence("eng", "ann", "{}")
+	a.Members("presence-eng")
+	code, out = ts.signedRequest(t, pxSecret, "GET", "/apps/"+pxApp+"/channels/presence-eng", url.Values{"info": {"user_count,subscription_count"}}, "")
+	if code != 200 || out != `{"occupied":true,"subscription_count":1,"user_count":1}`+"\n" {
+		t.Fatalf("channel: %d %q", code, out)
+	}
+	code, out = ts.signedRequest(t, pxSecret, "GET", "/apps/"+pxApp+"/channels/presence-eng/users", nil, "")
+	if code != 200 || out != `{"users":[{"id":"ann"}]}`+"\n" {
+		t.Fatalf("users: %d %q", code, out)
+	}
+}
+
+func TestPusherClientEvents(t *testing.T) {
+	ts := startPusher(t)
+	a := ts.pxDial(t, "a")
+	a.SubscribePresence("eng", "ann", "{}")
+	a.Members("presence-eng")
+	b := ts.pxDial(t, "b")
+	b.SubscribePresence("eng", "ben", "{}")
+	b.Members("presence-eng")
+	a.MemberEvent("pusher_internal:member_added", 5*time.Second)
+	a.Send(map[string]any{"event": "client-typing", "channel": "presence-eng", "data": map[string]any{"on": true}})
+	f := b.Next("client-typing")
+	if f["user_id"] != "ann" {
+		t.Fatalf("client event %v", f)
+	}
+	a.Quiet(100 * time.Millisecond) // not echoed
+	// Past 10 a second: 4301, and the socket stays.
+	for i := 0; i < 12; i++ {
+		a.Send(map[string]any{"event": "client-typing", "channel": "presence-eng", "data": map[string]any{}})
+	}
+	limited := false
+	for i := 0; i < 12 && !limited; i++ {
+		select {
+		case f := <-a.Frames:
+			d, _ := f["data"].(map[string]any)
+			limited = f["event"] == "pusher:error" && d["code"] == float64(pusher.CodeClientEventRateLimit)
+		case <-time.After(2 * time.Second):
+			t.Fatal("no 4301")
+		}
+	}
+	if !limited {
+		t.Fatal("no 4301")
+	}
+	a.Send(map[string]any{"event": "pusher:ping", "data": map[string]any{}})
+	a.Until("pusher:pong")
+}
+
+// Pusher's REST requests are signed, not keyed: --api-key does not refuse
+// their bodies.
+func TestPusherRESTBesideAPIKey(t *testing.T) {
+	ts := startPusher(t, func(c *server.Config) { c.APIKey = "api-secret" })
+	a := ts.pxDial(t, "a")
+	a.Send(map[string]any{"event": "pusher:subscribe", "data": map[string]string{"channel": "news"}})
+	a.Next("pusher_internal:subscription_succeeded")
+	if code, out := ts.signedRequest(t, pxSecret, "POST", "/apps/"+pxApp+"/events", nil, `{"name":"e","channel":"news","data":"1"}`); code != 200 {
+		t.Fatalf("trigger: %d %s", code, out)
+	}
+	a.Next("e")
+	if code, _ := ts.do("PUT", "/v1/teams/t/members/u", "x"); code != 401 {
+		t.Fatalf("native API without key: %d", code)
+	}
+}
+
+func TestPusherTerminateConnections(t *testing.T) {
+	ts := startPusher(t)
+	a := ts.pxDial(t, "a")
+	a.SubscribePresence("eng", "ann", "{}")
+	a.Members("presence-eng")
+	b := ts.pxDial(t, "b")
+	b.SubscribePresence("eng", "ben", "{}")
+	b.Members("presence-eng")
+	a.MemberEvent("pusher_internal:member_added", 5*time.Second)
+	if code, out := ts.signedRequest(t, pxSecret, "POST", "/apps/"+pxApp+"/users/ben/terminate_connections", nil, "{}"); code != 200 {
+		t.Fatalf("terminate: %d %s", code, out)
+	}
+	f := b.Next("pusher:error")
+	if d, _ := f["data"].(map[string]any); d["code"] != float64(pusher.CodeUnauthorized) {
+		t.Fatalf("error %v", f)
+	}
+	if u, _ := a.MemberEvent("pusher_internal:member_removed", 5*time.Second); u != "ben" {
+		t.Fatalf("member_removed of %s", u)
+	}
+}
+
+// A draining node asks Pusher sockets to reconnect with 4200, Pusher's
+// "reconnect at once", never the native 1012.
+func TestPusherDrainSays4200(t *testing.T) {
+	ts := startPusher(t)
+	a := ts.pxDial(t, "a")
+	a.SubscribePresence("eng", "ann", "{}")
+	a.Members("presence-eng")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = ts.srv.Shutdown(ctx)
+	}()
+	f := a.Next("pusher:error")
+	if d, _ := f["data"].(map[string]any); d["code"] != float64(pusher.CodeReconnect) {
+		t.Fatalf("drain frame %v", f)
+	}
+	<-done
+}
