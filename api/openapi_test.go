@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -19,6 +20,8 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/greendot/greendot/pusher"
 )
 
 func loadOpenAPI(t *testing.T) *openapi3.T {
@@ -321,6 +324,35 @@ func TestOpenAPIAgainstServer(t *testing.T) {
 			alice.readUntil("reconnect")
 			c.do(t, exchange{method: "GET", path: "/readyz", want: 503})
 			c.do(t, exchange{method: "GET", path: "/v1/connect?user=bob", header: upgradeHeader(wsKey), want: 503})
+		})
+		t.Run(kind+"/pusher", func(t *testing.T) {
+			n := startNode(t, kind, "--pusher-app-id", "42", "--pusher-key", "pk", "--pusher-secret", "ps")
+			c := newAPIChecker(t, doc, n, seen)
+			signed := func(secret, method, path, body string, q url.Values) string {
+				if q == nil {
+					q = url.Values{}
+				}
+				return path + "?" + pusher.SignRequest("pk", secret, method, path, q, []byte(body), time.Now()).Encode()
+			}
+			ev := `{"name":"flash","channels":["news","presence-eng"],"data":"{\"x\":1}"}`
+			batch := `{"batch":[{"name":"a","channel":"news","data":"1"},{"name":"b","channel":"news","data":"2"}]}`
+			userEv := `{"name":"hello","data":"hi"}`
+			for _, ex := range []exchange{
+				{method: "GET", path: "/app/pk?protocol=7&client=js&version=8.4.0", header: upgradeHeader(wsKey), want: 101},
+				{method: "GET", path: "/app/pk?protocol=7", want: 400},
+				{method: "POST", path: signed("ps", "POST", "/apps/42/events", ev, nil), body: ev, want: 200},
+				{method: "POST", path: signed("wrong", "POST", "/apps/42/events", ev, nil), body: ev, want: 401},
+				{method: "POST", path: signed("ps", "POST", "/apps/7/events", ev, nil), body: ev, want: 404},
+				{method: "POST", path: signed("ps", "POST", "/apps/42/batch_events", batch, nil), body: batch, want: 200},
+				{method: "GET", path: signed("ps", "GET", "/apps/42/channels", "", nil), want: 200},
+				{method: "GET", path: signed("ps", "GET", "/apps/42/channels", "", url.Values{"filter_by_prefix": {"presence-"}, "info": {"user_count"}}), want: 200},
+				{method: "GET", path: signed("ps", "GET", "/apps/42/channels/presence-eng", "", url.Values{"info": {"user_count"}}), want: 200},
+				{method: "GET", path: signed("ps", "GET", "/apps/42/channels/presence-eng/users", "", nil), want: 200},
+				{method: "POST", path: signed("ps", "POST", "/apps/42/users/alice/events", userEv, nil), body: userEv, want: 200},
+				{method: "POST", path: signed("ps", "POST", "/apps/42/users/alice/terminate_connections", "{}", nil), body: "{}", want: 200},
+			} {
+				c.do(t, ex)
+			}
 		})
 		t.Run(kind+"/locked", func(t *testing.T) {
 			n := startNode(t, kind, "--api-key", "k3y", "--jwt-secret", "s3cret")
