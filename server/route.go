@@ -257,9 +257,19 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 	}
 	if _, indexed := lu.teams[ev.Team]; indexed && ev.Joined && h.views != nil {
 		crowded := len(h.byTeam[ev.Team]) > 1
+		kept := ps[:0:0]
 		for _, p := range ps {
+			// A newer change routed through the team since the read
+			// reached the joiner already (indexed under the team before
+			// the read): the state read is stale, and sending it now
+			// would take the joiner's view back.
+			if cur, ok := h.views.get(ev.Team, p.UserID); ok && cur.version > p.Version {
+				continue
+			}
 			h.views.read(ev.Team, p, crowded)
+			kept = append(kept, p)
 		}
+		ps = kept
 	}
 	for _, c := range lu.conns {
 		if !ev.Joined {
