@@ -70,16 +70,18 @@ func FrameRaw(event, channel string, data json.RawMessage, userID string) []byte
 // ErrorFrame returns a pusher:error frame. Its data is an object, not a
 // string, as Pusher sends it.
 func ErrorFrame(code int, message string) []byte {
+	type data struct {
+		Code    *int   `json:"code"` // null: no specific code, as Pusher sends for a frame it refuses
+		Message string `json:"message"`
+	}
+	d := data{Message: message}
+	if code != 0 {
+		d.Code = &code
+	}
 	return mustMarshal(struct {
 		Event string `json:"event"`
-		Data  struct {
-			Code    int    `json:"code"`
-			Message string `json:"message"`
-		} `json:"data"`
-	}{Event: EventError, Data: struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-	}{code, message}})
+		Data  data   `json:"data"`
+	}{EventError, d})
 }
 
 // SubscriptionError returns the pusher:subscription_error that pusher-js

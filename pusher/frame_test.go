@@ -49,6 +49,11 @@ func TestFrame(t *testing.T) {
 			`{"event":"pusher:error","data":{"code":4009,"message":"Connection is unauthorized"}}`,
 		},
 		{
+			"error without a code",
+			ErrorFrame(0, "unknown event"),
+			`{"event":"pusher:error","data":{"code":null,"message":"unknown event"}}`,
+		},
+		{
 			"subscription error",
 			SubscriptionError("private-x", "AuthError", "Invalid signature", 401),
 			`{"event":"pusher:subscription_error","channel":"private-x","data":{"type":"AuthError","error":"Invalid signature","status":401}}`,

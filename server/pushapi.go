@@ -126,7 +126,11 @@ func (p *pxServer) message(e restEvent) (pxMessage, error) {
 	if err != nil {
 		return pxMessage{}, pxBadRequest("bad data")
 	}
-	if s, ok := e.Data.(string); ok && len(s) > pxMaxEventData || len(data) > pxMaxEventData+2 {
+	size := len(data) // Pusher measures a string's own bytes, not its JSON escaping
+	if s, ok := e.Data.(string); ok {
+		size = len(s)
+	}
+	if size > pxMaxEventData {
 		return pxMessage{}, &restError{http.StatusRequestEntityTooLarge, fmt.Sprintf("event data exceeds %d bytes", pxMaxEventData)}
 	}
 	return pxMessage{Channels: chans, Event: e.Name, Data: data, Exclude: e.SocketID}, nil

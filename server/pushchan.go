@@ -104,16 +104,16 @@ func (p *pxServer) terminate(user string) {
 // private or presence channel that the sender subscribes.
 func (p *pxServer) clientEvent(pc *pxConn, in pusher.Incoming, now time.Time) {
 	if !p.cfg.ClientEvents {
-		pc.write(errorFrame(0, "client events are not enabled on this server (greendot serve --pusher-client-events)"))
+		pc.write(pusher.ErrorFrame(0, "client events are not enabled on this server (greendot serve --pusher-client-events)"))
 		return
 	}
 	if !pusher.ValidClientEvent(in.Event) {
-		pc.write(errorFrame(0, fmt.Sprintf("client event names start with client- and have at most %d characters", pusher.MaxEventNameLen)))
+		pc.write(pusher.ErrorFrame(0, fmt.Sprintf("client event names start with client- and have at most %d characters", pusher.MaxEventNameLen)))
 		return
 	}
 	kind := pusher.KindOf(in.Channel)
 	if kind != pusher.Private && kind != pusher.Presence {
-		pc.write(errorFrame(0, "client events are allowed on private- and presence- channels only"))
+		pc.write(pusher.ErrorFrame(0, "client events are allowed on private- and presence- channels only"))
 		return
 	}
 	pc.mu.Lock()
@@ -121,18 +121,18 @@ func (p *pxServer) clientEvent(pc *pxConn, in pusher.Incoming, now time.Time) {
 	user := pc.user
 	pc.mu.Unlock()
 	if !subscribed {
-		pc.write(errorFrame(0, "client event on a channel this socket has not subscribed: "+trimForMessage(in.Channel)))
+		pc.write(pusher.ErrorFrame(0, "client event on a channel this socket has not subscribed: "+trimForMessage(in.Channel)))
 		return
 	}
 	if len(in.Data) > pxMaxEventData {
-		pc.write(errorFrame(0, fmt.Sprintf("client event data exceeds %d bytes", pxMaxEventData)))
+		pc.write(pusher.ErrorFrame(0, fmt.Sprintf("client event data exceeds %d bytes", pxMaxEventData)))
 		return
 	}
 	// Frame handler only: serial per socket.
 	pc.evTokens = min(pxClientEventRate, pc.evTokens+now.Sub(pc.evRefilled).Seconds()*pxClientEventRate)
 	pc.evRefilled = now
 	if pc.evTokens < 1 {
-		pc.write(errorFrame(pusher.CodeClientEventRateLimit, fmt.Sprintf("client event rejected: more than %d per second", pxClientEventRate)))
+		pc.write(pusher.ErrorFrame(pusher.CodeClientEventRateLimit, fmt.Sprintf("client event rejected: more than %d per second", pxClientEventRate)))
 		return
 	}
 	pc.evTokens--
@@ -148,7 +148,7 @@ func (p *pxServer) clientEvent(pc *pxConn, in pusher.Incoming, now time.Time) {
 	defer cancel()
 	if err := p.publish(ctx, m); err != nil {
 		p.s.log.Warn("pusher client event", "err", err)
-		pc.write(errorFrame(0, "client event not delivered: store unavailable"))
+		pc.write(pusher.ErrorFrame(0, "client event not delivered: store unavailable"))
 	}
 }
 

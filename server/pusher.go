@@ -2,11 +2,11 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,7 +35,7 @@ func (c PusherConfig) enabled() bool { return c.AppID != "" }
 // Limits a Pusher user knows (docs/pusher.md).
 const (
 	pxMaxEventData      = 10 << 10 // bytes of an event's data, client or REST
-	pxMaxChannelsPerSub = 1000     // channels one socket may subscribe
+	pxMaxChannelsPerSub = 100      // channels one socket may subscribe: its memory is bounded before any auth
 	pxClientEventRate   = 10       // client events per second per socket
 	pxMaxTriggerChans   = 100      // channels of one REST event
 	pxMaxBatch          = 10       // events of one batch_events call
@@ -168,24 +168,6 @@ func (pc *pxConn) write(b []byte) {
 	pc.base.mu.Unlock()
 }
 
-// errorFrame is pusher:error for a frame the socket may follow with a good
-// one; code 0 is Pusher's null (no specific code).
-func errorFrame(code int, msg string) []byte {
-	type data struct {
-		Code    *int   `json:"code"`
-		Message string `json:"message"`
-	}
-	d := data{Message: msg}
-	if code != 0 {
-		d.Code = &code
-	}
-	b, _ := json.Marshal(struct {
-		Event string `json:"event"`
-		Data  data   `json:"data"`
-	}{"pusher:error", d})
-	return b
-}
-
 // alive notes a sign of life of the socket, and of its user's connection.
 func (p *pxServer) alive(pc *pxConn, now time.Time) {
 	pc.base.lastFrame.Store(now.UnixNano())
@@ -204,7 +186,7 @@ func (p *pxServer) onMessage(pc *pxConn, mt websocket.MessageType, data []byte) 
 	p.alive(pc, now)
 	if !c.allow(now, 1) {
 		if c.limited == 1 {
-			pc.write(errorFrame(0, "too many frames; slow down or be disconnected"))
+			pc.write(pusher.ErrorFrame(0, "too many frames; slow down or be disconnected"))
 		}
 		return
 	}
@@ -214,7 +196,7 @@ func (p *pxServer) onMessage(pc *pxConn, mt websocket.MessageType, data []byte) 
 	}
 	in, err := pusher.Decode(data)
 	if err != nil {
-		pc.write(errorFrame(0, err.Error()))
+		pc.write(pusher.ErrorFrame(0, err.Error()))
 		return
 	}
 	p.s.metrics.pusherFrames.WithLabelValues(pxFrameKind(in.Event)).Inc()
@@ -225,21 +207,21 @@ func (p *pxServer) onMessage(pc *pxConn, mt websocket.MessageType, data []byte) 
 	case "pusher:subscribe":
 		sub, err := pusher.DecodeSubscribe(in.Data)
 		if err != nil {
-			pc.write(errorFrame(0, err.Error()))
+			pc.write(pusher.ErrorFrame(0, err.Error()))
 			return
 		}
 		p.subscribe(pc, sub)
 	case "pusher:unsubscribe":
 		ch, err := pusher.DecodeUnsubscribe(in.Data)
 		if err != nil {
-			pc.write(errorFrame(0, err.Error()))
+			pc.write(pusher.ErrorFrame(0, err.Error()))
 			return
 		}
 		p.unsubscribe(pc, ch)
 	case "pusher:signin":
 		si, err := pusher.DecodeSignin(in.Data)
 		if err != nil {
-			pc.write(errorFrame(0, err.Error()))
+			pc.write(pusher.ErrorFrame(0, err.Error()))
 			return
 		}
 		p.signin(pc, si)
@@ -248,7 +230,7 @@ func (p *pxServer) onMessage(pc *pxConn, mt websocket.MessageType, data []byte) 
 			p.clientEvent(pc, in, now)
 			return
 		}
-		pc.write(errorFrame(0, fmt.Sprintf("unknown event %q", trimForMessage(in.Event))))
+		pc.write(pusher.ErrorFrame(0, fmt.Sprintf("unknown event %q", trimForMessage(in.Event))))
 	}
 }
 
@@ -380,7 +362,7 @@ func (p *pxServer) joinPresence(ctx context.Context, pc *pxConn, ch, team string
 	if err != nil {
 		return err
 	}
-	if !contains(teams, team) {
+	if !slices.Contains(teams, team) {
 		if err := s.timed(store.OpMembership, func() error { return s.store.AddMember(ctx, team, cd.UserID) }); err != nil {
 			return err
 		}
@@ -402,15 +384,6 @@ func (p *pxServer) joinPresence(ctx context.Context, pc *pxConn, ch, team string
 	}
 	t.enqueue(pxItem{kind: itemSub, conn: pc, user: cd.UserID, info: cd.UserInfo})
 	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // identify makes the socket a device of user: a greendot connection in the

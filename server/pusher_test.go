@@ -268,3 +268,21 @@ func TestPusherDrainSays4200(t *testing.T) {
 	}
 	<-done
 }
+
+// A socket's channels are bounded before any auth: the one past the limit
+// is refused on its channel, and the socket stays.
+func TestPusherChannelsPerSocketBounded(t *testing.T) {
+	ts := startPusher(t, func(c *server.Config) { c.RateBurst = 200 }) // the frame limit is not under test
+	a := ts.pxDial(t, "a")
+	for i := range 100 {
+		a.Send(map[string]any{"event": "pusher:subscribe", "data": map[string]string{"channel": fmt.Sprintf("c%d", i)}})
+		a.Next("pusher_internal:subscription_succeeded")
+	}
+	a.Send(map[string]any{"event": "pusher:subscribe", "data": map[string]string{"channel": "one-more"}})
+	f := a.Next("pusher:subscription_error")
+	if d, _ := f["data"].(map[string]any); f["channel"] != "one-more" || d["type"] != "LimitReached" {
+		t.Fatalf("error %v", f)
+	}
+	a.Send(map[string]any{"event": "pusher:ping", "data": map[string]any{}})
+	a.Next("pusher:pong")
+}
