@@ -28,6 +28,9 @@ func TestLimitFlagsAreChecked(t *testing.T) {
 		{nil, []string{"serve", "--log-repeat-interval", "-1s"}, "greendot: --log-repeat-interval must not be negative (0 = every line), got -1s\n"},
 		{nil, []string{"serve", "--handshake-timeout", "0s"}, "greendot: --handshake-timeout must be positive, got 0s\n"},
 		{[]string{"GREENDOT_MAX_UNAUTHENTICATED_PER_IP=-2"}, []string{"serve"}, "greendot: --max-unauthenticated-per-ip must be 0 (unlimited) or more, got -2\n"},
+		{nil, []string{"serve", "--pusher-key", "k"}, "greendot: Pusher compatibility needs all three of --pusher-app-id, --pusher-key and --pusher-secret\n"},
+		{[]string{"GREENDOT_PUSHER_APP_ID=a b"}, []string{"serve", "--pusher-key", "k", "--pusher-secret", "s"}, `greendot: --pusher-app-id "a b": use letters, digits, - and _ only` + "\n"},
+		{nil, []string{"serve", "--pusher-client-events"}, "greendot: --pusher-client-events needs --pusher-app-id, --pusher-key and --pusher-secret\n"},
 	} {
 		r := runGreendot(t, c.env, c.args...)
 		if r.code != 1 || !strings.HasPrefix(r.stderr, c.want) || strings.Count(r.stderr, "\n") != 1 {
