@@ -160,6 +160,7 @@ func (p *pxServer) signin(pc *pxConn, si pusher.Signin) {
 		pc.fail(pusher.CodeUnauthorized, "Invalid signature: expected HMAC SHA256 hex digest of socket_id::user::user_data")
 		return
 	}
+	pc.signed()
 	ud, err := pusher.ParseUserData(si.UserData)
 	if err != nil {
 		pc.fail(pusher.CodeUnauthorized, "invalid user_data: "+err.Error())

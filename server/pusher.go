@@ -139,9 +139,9 @@ func (s *Server) handleApp(w http.ResponseWriter, r *http.Request) {
 		pc.fail(code, "Unsupported protocol version: this server speaks Pusher protocol 7")
 		return
 	}
-	if nbc := nbioConn(ws); nbc != nil {
-		s.adm.authenticated(nbc)
-	}
+	// Not authenticated yet (admission): public channels need no auth, so a
+	// socket counts against --max-unauthenticated-per-ip until it makes a
+	// signed subscription or sign-in (pxConn.signed).
 	s.px.mu.Lock()
 	s.px.conns[pc] = struct{}{}
 	s.px.mu.Unlock()
@@ -153,6 +153,14 @@ func (s *Server) handleApp(w http.ResponseWriter, r *http.Request) {
 		"socket_id": pc.socketID, "activity_timeout": activity,
 	}))
 	c.startLiveness()
+}
+
+// signed notes that the socket made a request signed with the app secret:
+// it no longer counts as unauthenticated. Idempotent.
+func (pc *pxConn) signed() {
+	if nbc := nbioConn(pc.base.ws); nbc != nil {
+		pc.px.s.adm.authenticated(nbc)
+	}
 }
 
 // fail sends pusher:error and closes with the same code, as Pusher does for
@@ -295,6 +303,7 @@ func (p *pxServer) subscribe(pc *pxConn, sub pusher.Subscribe) {
 		subErr("AuthError", "invalid signature: expected HMAC SHA256 hex digest of socket_id:channel"+map[bool]string{true: ":channel_data", false: ""}[kind == pusher.Presence], 401)
 		return
 	}
+	pc.signed()
 	if kind != pusher.Presence {
 		if p.addSub(pc, ch) {
 			pc.write(pusher.Frame("pusher_internal:subscription_succeeded", ch, struct{}{}))

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/internal/pushertest"
+	"github.com/greendot/greendot/internal/testwait"
 	"github.com/greendot/greendot/pusher"
 	"github.com/greendot/greendot/server"
 )
@@ -285,4 +287,30 @@ func TestPusherChannelsPerSocketBounded(t *testing.T) {
 	}
 	a.Send(map[string]any{"event": "pusher:ping", "data": map[string]any{}})
 	a.Next("pusher:pong")
+}
+
+// A Pusher socket with only public channels has shown no secret: it counts
+// against --max-unauthenticated-per-ip until a signed subscription.
+func TestPusherSocketIsUnauthenticatedUntilSigned(t *testing.T) {
+	ts := startPusher(t, func(c *server.Config) {
+		c.MaxUnauthenticatedPerIP = 2
+		c.HandshakeTimeout = time.Minute
+	})
+	a := ts.pxDial(t, "a")
+	a.Send(map[string]any{"event": "pusher:subscribe", "data": map[string]string{"channel": "news"}})
+	a.Next("pusher_internal:subscription_succeeded")
+	b := ts.pxDial(t, "b")
+	if ok, got := refusedAtAccept(t, dialTCP(t, ts.addr)); !ok {
+		t.Fatalf("a 3rd socket beside two anonymous Pusher sockets: %s, want 429", got)
+	}
+	b.SubscribePresence("eng", "ben", "{}")
+	b.Members("presence-eng")
+	testwait.For(t, 5*time.Second, func() error {
+		c := dialTCP(t, ts.addr)
+		defer c.Close()
+		if ok, got := refusedAtAccept(t, c); ok {
+			return errors.New("still refused: " + got)
+		}
+		return nil
+	})
 }

@@ -139,7 +139,7 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs.IntVar(&o.maxUserConns, "max-connections-per-user", 20, "live connections one user may hold on this node (per node, not cluster-wide); the next gets 429; 0 = unlimited")
 	fs.StringVar(&o.allowedOrigins, "allowed-origins", "", "comma-separated origins (exact scheme://host[:port]) whose pages may open WebSockets; empty = any")
 	durationVar(fs, &o.handshakeTimeout, "handshake-timeout", 5*time.Second, "a socket must send a whole request head within this `duration` of its accept, or of its previous response")
-	fs.IntVar(&o.maxUnauthPerIP, "max-unauthenticated-per-ip", 1024, "sockets one remote IP may hold before a WebSocket upgrade or a request with the API key; the next gets 429; 0 = unlimited")
+	fs.IntVar(&o.maxUnauthPerIP, "max-unauthenticated-per-ip", 1024, "sockets one remote IP may hold before a WebSocket upgrade (a Pusher socket: a signed subscription or sign-in) or a request with the API key; the next gets 429; 0 = unlimited")
 	fs.StringVar(&o.webhookURL, "webhook-url", "", "POST a presence.changed webhook (Standard Webhooks) to this URL for every published change; off when empty")
 	fs.StringVar(&o.webhookSecret, "webhook-secret", "", "whsec_<base64> key that signs the webhooks (required with --webhook-url)")
 	durationVar(fs, &o.webhookRetryFor, "webhook-retry-for", 24*time.Hour, "a webhook not delivered this `duration` after its change is dropped")
