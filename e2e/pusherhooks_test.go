@@ -23,7 +23,7 @@ func pusherEvents(recv *hooktest.PusherReceiver) []string {
 	var out []string
 	for _, h := range recv.Delivered() {
 		for _, e := range h.Events {
-			out = append(out, e.Name+" "+e.Channel+" "+e.UserID)
+			out = append(out, strings.TrimSpace(e.Name+" "+e.Channel+" "+e.UserID))
 		}
 	}
 	return out
@@ -53,12 +53,14 @@ func TestPusherWebhooksOneNode(t *testing.T) {
 	n.join("eng", "alice")
 	n.join("ops", "alice")
 	v := connect(t, n, "alice", "web")
-	expectPusherEvents(t, recv, "member_added presence-eng alice", "member_added presence-ops alice")
+	added := []string{"channel_occupied presence-eng", "member_added presence-eng alice",
+		"channel_occupied presence-ops", "member_added presence-ops alice"}
+	expectPusherEvents(t, recv, added...)
 	phone := connect(t, n, "alice", "phone") // a second device: nothing
 	_ = v.c.Close()
 	_ = phone.c.Close()
-	expectPusherEvents(t, recv, "member_added presence-eng alice", "member_added presence-ops alice",
-		"member_removed presence-eng alice", "member_removed presence-ops alice")
+	expectPusherEvents(t, recv, append(added, "member_removed presence-eng alice", "channel_vacated presence-eng",
+		"member_removed presence-ops alice", "channel_vacated presence-ops")...)
 	if n := len(recv.All()); n != 2 {
 		t.Fatalf("%d requests, want 2 (one per change)", n)
 	}
@@ -81,9 +83,10 @@ func TestPusherWebhooksOnRedis(t *testing.T) {
 	a.join("eng", "alice", "carol")
 
 	v := connect(t, a, "alice", "web")
-	expectPusherEvents(t, precv, "member_added presence-eng alice")
+	expectPusherEvents(t, precv, "channel_occupied presence-eng", "member_added presence-eng alice")
 	_ = v.c.Close()
-	expectPusherEvents(t, precv, "member_added presence-eng alice", "member_removed presence-eng alice")
+	expectPusherEvents(t, precv, "channel_occupied presence-eng", "member_added presence-eng alice",
+		"member_removed presence-eng alice", "channel_vacated presence-eng")
 
 	// The Pusher receiver refuses carol's member_added while a, the only
 	// node yet, holds it: killed, a leaves it pending, for b to claim.
@@ -178,4 +181,68 @@ func TestPusherWebhooksOnRedis(t *testing.T) {
 			t.Fatalf("%s: native webhooks %q", u, s)
 		}
 	}
+}
+
+// channel_occupied comes with the member_added of a team's first present
+// member and channel_vacated with the member_removed of its last, across
+// two nodes, on one Redis and on a cluster (where the team's record and the
+// users' changes live in different slots); a node killed with -9 vacates
+// the teams of its users once.
+func TestPusherOccupancyWebhooks(t *testing.T) {
+	t.Run("redis", func(t *testing.T) { testPusherOccupancy(t, redistest.Start(t)) })
+	t.Run("cluster", func(t *testing.T) { testPusherOccupancy(t, redistest.StartCluster(t, 3).Nodes...) })
+}
+
+// webhookStreamsEmpty fails unless every shard's webhook stream is empty
+// (on a cluster, asked of each master until one holds the key).
+func webhookStreamsEmpty(servers ...*redistest.Server) error {
+	for sh := range 32 {
+		key := fmt.Sprintf("gd:{gd%d}:wh", sh)
+		var n string
+		var err error
+		for _, r := range servers {
+			if n, err = r.Do("XLEN", key); err == nil {
+				break
+			}
+		}
+		if err != nil || n != "0" {
+			return fmt.Errorf("shard %d's webhook stream: XLEN %s (%v)", sh, n, err)
+		}
+	}
+	return nil
+}
+
+func testPusherOccupancy(t *testing.T, servers ...*redistest.Server) {
+	redisURL := servers[0].URL()
+	recv := hooktest.StartPusher(t)
+	tm := timing{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second}
+	n1 := startNode(t, redisURL, "o1", tm, pusherHookFlags(recv)...)
+	n2 := startNode(t, redisURL, "o2", tm, pusherHookFlags(recv)...)
+	n1.join("qa", "alice", "bob")
+	n1.join("ops", "carol")
+
+	var want []string
+	step := func(more ...string) {
+		t.Helper()
+		want = append(want, more...)
+		expectPusherEvents(t, recv, want...)
+	}
+	alice := connect(t, n1, "alice", "web")
+	step("channel_occupied presence-qa", "member_added presence-qa alice")
+	bob := connect(t, n2, "bob", "web")
+	step("member_added presence-qa bob")
+	_ = alice.c.Close()
+	step("member_removed presence-qa alice")
+	_ = bob.c.Close()
+	step("member_removed presence-qa bob", "channel_vacated presence-qa")
+
+	connect(t, n1, "carol", "web")
+	step("channel_occupied presence-ops", "member_added presence-ops carol")
+	// Delivered and removed from the queue before the kill, so that no
+	// claim of n1's events can send them again (at least once).
+	checkFor(t, 20*time.Second, func() error { return webhookStreamsEmpty(servers...) })
+	n1.kill()
+	step("member_removed presence-ops carol", "channel_vacated presence-ops")
+	checkFor(t, 20*time.Second, func() error { return webhookStreamsEmpty(servers...) })
+	expectPusherEvents(t, recv, want...)
 }

@@ -135,6 +135,11 @@ type PresenceEvent struct {
 	// delivers it once per team, and the handler routes it to the members of
 	// Via for whom Via is the first team they share with the subject.
 	Via string
+	// Occupied and Vacated (sorted), set by the memory store for its
+	// webhooks when it has them (memstore.Config.OnChange): the teams this
+	// change took from no present member to one, and from one to none.
+	// Other stores leave them nil (Redis works them out as it delivers).
+	Occupied, Vacated []string
 }
 
 // MembershipEvent says a user joined or left a team.

@@ -34,6 +34,11 @@ type Event struct {
 	Teams    []string  // sorted
 	Text     string    // the status text and emoji shown, when set
 	Emoji    string
+	// Occupied and Vacated (sorted) are the teams this change took from no
+	// present member to one, and from one to none: Pusher's
+	// channel_occupied and channel_vacated. Set by the memory store with
+	// the change, or by a Preparer before the first attempt.
+	Occupied, Vacated []string
 
 	// Epoch tells apart the events of stores whose versions may repeat
 	// (the memory store restarts at 1): it is part of the id.
@@ -64,6 +69,13 @@ func FromChange(c presence.Change, teams []string, epoch string) *Event {
 		At: c.At, LastSeen: c.LastSeen, Teams: teams, Text: c.Text, Emoji: c.Emoji, Epoch: epoch,
 	}
 }
+
+// Joins tells whether the event takes the user from offline to present
+// (a member_added in Pusher's terms), Leaves the other way round.
+func (e *Event) Joins() bool { return e.Previous == presence.Offline && e.State != presence.Offline }
+
+// Leaves: see Joins.
+func (e *Event) Leaves() bool { return e.Previous != presence.Offline && e.State == presence.Offline }
 
 // body is the JSON of a presence.changed request.
 type body struct {

@@ -3,10 +3,10 @@ package webhook
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
-	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/pusher"
 )
 
@@ -38,7 +38,10 @@ func (f standard) Sign(h http.Header, ev *Event, body []byte, now time.Time) {
 // written against Pusher's keep working: a user's presence leaving offline
 // is a member_added on the presence channel of each of their teams, entering
 // it a member_removed; a change between online, away and dnd is nothing.
-// The events of one change go in one request (Pusher's batch format).
+// A channel_occupied goes before the member_added that gives a team its
+// first present member, a channel_vacated after the member_removed of its
+// last (Event.Occupied, Event.Vacated). The events of one change go in one
+// request (Pusher's batch format).
 type Pusher struct {
 	Key    string // the app key, sent as X-Pusher-Key
 	Secret string // the app secret, that signs the body
@@ -48,7 +51,7 @@ type Pusher struct {
 type PusherEvent struct {
 	Name    string `json:"name"`
 	Channel string `json:"channel"`
-	UserID  string `json:"user_id"`
+	UserID  string `json:"user_id,omitempty"` // member events only
 }
 
 // PusherBody is the JSON of a Pusher webhook request.
@@ -59,21 +62,18 @@ type PusherBody struct {
 
 // Pusher webhook event names.
 const (
-	MemberAdded   = "member_added"
-	MemberRemoved = "member_removed"
+	MemberAdded     = "member_added"
+	MemberRemoved   = "member_removed"
+	ChannelOccupied = "channel_occupied"
+	ChannelVacated  = "channel_vacated"
 )
 
 // Body implements Format. time_ms is when the change was published, not
 // when the attempt is made, so that the body (and its signature) is the
 // same on every retry and from every node.
 func (f Pusher) Body(ev *Event) []byte {
-	var name string
-	switch {
-	case ev.Previous == presence.Offline && ev.State != presence.Offline:
-		name = MemberAdded
-	case ev.Previous != presence.Offline && ev.State == presence.Offline:
-		name = MemberRemoved
-	default:
+	joins := ev.Joins()
+	if !joins && !ev.Leaves() {
 		return nil
 	}
 	b := PusherBody{TimeMs: ev.At.UnixMilli()}
@@ -82,7 +82,19 @@ func (f Pusher) Body(ev *Event) []byte {
 		if !pusher.ValidChannel(ch) {
 			continue // no Pusher client can subscribe to it
 		}
-		b.Events = append(b.Events, PusherEvent{Name: name, Channel: ch, UserID: ev.UserID})
+		// As Pusher orders them: the channel is occupied before its first
+		// member is added, and vacated after its last is removed.
+		if joins {
+			if _, ok := slices.BinarySearch(ev.Occupied, team); ok {
+				b.Events = append(b.Events, PusherEvent{Name: ChannelOccupied, Channel: ch})
+			}
+			b.Events = append(b.Events, PusherEvent{Name: MemberAdded, Channel: ch, UserID: ev.UserID})
+			continue
+		}
+		b.Events = append(b.Events, PusherEvent{Name: MemberRemoved, Channel: ch, UserID: ev.UserID})
+		if _, ok := slices.BinarySearch(ev.Vacated, team); ok {
+			b.Events = append(b.Events, PusherEvent{Name: ChannelVacated, Channel: ch})
+		}
 	}
 	if len(b.Events) == 0 {
 		return nil

@@ -37,6 +37,7 @@ func NewMemQueue(max int) *MemQueue {
 // may call it while it orders its events (memstore.Config.OnChange).
 func (m *MemQueue) Add(ev store.PresenceEvent) {
 	e := FromChange(ev.Change, ev.Teams, m.epoch)
+	e.Occupied, e.Vacated = ev.Occupied, ev.Vacated
 	m.mu.Lock()
 	if len(m.q)-m.head+len(m.taken) >= m.max {
 		if m.head < len(m.q) {

@@ -22,26 +22,32 @@ var pusherFormat = webhook.Pusher{Key: hooktest.PusherKey, Secret: hooktest.Push
 func TestPusherBody(t *testing.T) {
 	at := time.UnixMilli(1764500000123)
 	for _, tc := range []struct {
-		name       string
-		prev, next presence.State
-		teams      []string
-		want       string // "" for no request
+		name              string
+		prev, next        presence.State
+		teams             []string
+		occupied, vacated []string
+		want              string // "" for no request
 	}{
-		{"online", presence.Offline, presence.Online, []string{"eng", "support"},
+		{"online", presence.Offline, presence.Online, []string{"eng", "support"}, nil, nil,
 			`{"time_ms":1764500000123,"events":[{"name":"member_added","channel":"presence-eng","user_id":"bob"},{"name":"member_added","channel":"presence-support","user_id":"bob"}]}`},
-		{"dnd from offline", presence.Offline, presence.DND, []string{"eng"},
+		{"dnd from offline", presence.Offline, presence.DND, []string{"eng"}, nil, nil,
 			`{"time_ms":1764500000123,"events":[{"name":"member_added","channel":"presence-eng","user_id":"bob"}]}`},
-		{"offline", presence.Away, presence.Offline, []string{"eng"},
+		{"offline", presence.Away, presence.Offline, []string{"eng"}, nil, nil,
 			`{"time_ms":1764500000123,"events":[{"name":"member_removed","channel":"presence-eng","user_id":"bob"}]}`},
-		{"away", presence.Online, presence.Away, []string{"eng"}, ""},
-		{"dnd", presence.Away, presence.DND, []string{"eng"}, ""},
-		{"text alone", presence.Online, presence.Online, []string{"eng"}, ""},
-		{"no team", presence.Offline, presence.Online, nil, ""},
-		{"no channel for the team", presence.Offline, presence.Online, []string{"a team", "ops"},
+		{"away", presence.Online, presence.Away, []string{"eng"}, nil, nil, ""},
+		{"dnd", presence.Away, presence.DND, []string{"eng"}, nil, nil, ""},
+		{"text alone", presence.Online, presence.Online, []string{"eng"}, nil, nil, ""},
+		{"no team", presence.Offline, presence.Online, nil, nil, nil, ""},
+		{"no channel for the team", presence.Offline, presence.Online, []string{"a team", "ops"}, nil, nil,
 			`{"time_ms":1764500000123,"events":[{"name":"member_added","channel":"presence-ops","user_id":"bob"}]}`},
+		{"occupies", presence.Offline, presence.Online, []string{"eng", "ops"}, []string{"ops"}, nil,
+			`{"time_ms":1764500000123,"events":[{"name":"member_added","channel":"presence-eng","user_id":"bob"},{"name":"channel_occupied","channel":"presence-ops"},{"name":"member_added","channel":"presence-ops","user_id":"bob"}]}`},
+		{"vacates", presence.Online, presence.Offline, []string{"eng", "ops"}, nil, []string{"eng", "ops"},
+			`{"time_ms":1764500000123,"events":[{"name":"member_removed","channel":"presence-eng","user_id":"bob"},{"name":"channel_vacated","channel":"presence-eng"},{"name":"member_removed","channel":"presence-ops","user_id":"bob"},{"name":"channel_vacated","channel":"presence-ops"}]}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ev := &webhook.Event{UserID: "bob", Previous: tc.prev, State: tc.next, Version: 7, At: at, Teams: tc.teams}
+			ev := &webhook.Event{UserID: "bob", Previous: tc.prev, State: tc.next, Version: 7, At: at, Teams: tc.teams,
+				Occupied: tc.occupied, Vacated: tc.vacated}
 			got := pusherFormat.Body(ev)
 			if tc.want == "" {
 				if got != nil {
@@ -155,8 +161,8 @@ func TestPusherSender(t *testing.T) {
 			lines = append(lines, e.Name+" "+e.Channel+" "+e.UserID)
 		}
 	}
-	want := "member_added presence-t1 alice,member_added presence-t2 alice," +
-		"member_removed presence-t1 alice,member_removed presence-t2 alice"
+	want := "channel_occupied presence-t1 ,member_added presence-t1 alice,channel_occupied presence-t2 ,member_added presence-t2 alice," +
+		"member_removed presence-t1 alice,channel_vacated presence-t1 ,member_removed presence-t2 alice,channel_vacated presence-t2 "
 	if s := strings.Join(lines, ","); s != want {
 		t.Fatalf("events %s, want %s", s, want)
 	}

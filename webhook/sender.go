@@ -35,6 +35,15 @@ type Source interface {
 	Stats(ctx context.Context) (depth int, oldest time.Time, err error)
 }
 
+// Preparer is implemented by Sources that complete an event before its
+// first attempt (the Redis store's Pusher queue sets Event.Occupied and
+// Vacated). Prepare must give the same answer for the same event every
+// time it is asked, from any node, so that every attempt sends the same
+// body; an error fails the attempt, which is retried.
+type Preparer interface {
+	Prepare(ctx context.Context, ev *Event) error
+}
+
 // Config configures a Sender.
 type Config struct {
 	URL    string // required: http or https
@@ -166,6 +175,7 @@ func (s *Sender) Drain(ctx context.Context) {
 // item is an event this node holds.
 type item struct {
 	ev       *Event
+	body     []byte // once prepared: the same on every attempt
 	attempts int
 	due      time.Time
 	inflight bool
@@ -385,7 +395,15 @@ func (s *Sender) backoff(n int) time.Duration {
 func (s *Sender) attempt(ctx context.Context, it *item) result {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	body := s.cfg.Format.Body(it.ev)
+	if it.body == nil {
+		if p, ok := s.src.(Preparer); ok {
+			if err := p.Prepare(ctx, it.ev); err != nil {
+				return result{it: it, outcome: "error", err: fmt.Errorf("preparing the event: %w", err)}
+			}
+		}
+		it.body = s.cfg.Format.Body(it.ev)
+	}
+	body := it.body
 	now := time.Now()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.URL, bytes.NewReader(body))
 	if err != nil {

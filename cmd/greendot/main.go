@@ -149,7 +149,7 @@ func serveFlags(o *serveOptions) *flag.FlagSet {
 	fs.StringVar(&o.pusherKey, "pusher-key", "", "the Pusher app key that pusher-js connects with")
 	fs.StringVar(&o.pusherSecret, "pusher-secret", "", "the Pusher app secret that signs channel auth, user sign-in and REST requests")
 	fs.BoolVar(&o.pusherClientEvts, "pusher-client-events", false, "relay client-* events between the sockets of private and presence channels")
-	fs.StringVar(&o.pusherWebhookURL, "pusher-webhook-url", "", "POST Pusher-format presence webhooks (member_added, member_removed) to this URL, signed with --pusher-secret; with or without --webhook-url")
+	fs.StringVar(&o.pusherWebhookURL, "pusher-webhook-url", "", "POST Pusher-format presence webhooks (member_added, member_removed, channel_occupied, channel_vacated) to this URL, signed with --pusher-secret; with or without --webhook-url")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060); off when empty")
 	return fs
 }

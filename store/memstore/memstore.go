@@ -47,6 +47,10 @@ type Store struct {
 	userOf  map[string]map[string]struct{} // user → teams
 	sorted  map[string][]string            // team → members sorted, cached until the team changes
 	infos   map[string]map[string][]byte   // team → member → user_info
+	// present counts each team's members not shown offline, kept only for
+	// webhooks (onChange): one process orders every change, so the memory
+	// store tells exactly which change occupies or vacates a team.
+	present map[string]int
 
 	countsTTL time.Duration
 	counts    map[string]int // this node's channel counts, > 0 only
@@ -108,6 +112,7 @@ func New(cfg Config) (*Store, error) {
 		userOf:      make(map[string]map[string]struct{}),
 		sorted:      make(map[string][]string),
 		infos:       make(map[string]map[string][]byte),
+		present:     make(map[string]int),
 		rescheduled: make(chan struct{}, 1),
 
 		countsTTL: cfg.ChannelCountsTTL,
@@ -364,6 +369,14 @@ func (s *Store) membership(team, user string, join bool) error {
 		}
 	}
 	p := s.tracker.Presence(user)
+	if s.onChange != nil && p.State != presence.Offline && join != isMember {
+		// Membership changes send no webhooks: the count follows quietly.
+		if join {
+			s.present[team]++
+		} else if s.present[team]--; s.present[team] <= 0 {
+			delete(s.present, team)
+		}
+	}
 	ev := store.MembershipEvent{
 		Team: team, UserID: user, Joined: join,
 		UserTeams: sortedKeys(s.userOf[user]),
@@ -399,6 +412,9 @@ func (s *Store) transition(op string, apply func(now time.Time) (presence.Outcom
 		events = make([]store.PresenceEvent, len(out.Changes))
 		for i, c := range out.Changes {
 			events[i] = store.PresenceEvent{Change: c, Teams: sortedKeys(s.userOf[c.UserID])}
+			if s.onChange != nil {
+				s.occupancy(&events[i])
+			}
 		}
 	}
 	s.emitMu.Lock()
@@ -425,6 +441,30 @@ func (s *Store) transition(op string, apply func(now time.Time) (presence.Outcom
 		s.obs.ObserveOutcome(op, out, time.Since(start))
 	}
 	return nil
+}
+
+// occupancy counts ev's change in its teams' present members, and names
+// the teams it occupies or vacates.
+func (s *Store) occupancy(ev *store.PresenceEvent) {
+	c := ev.Change
+	switch {
+	case c.Previous == presence.Offline && c.State != presence.Offline:
+		for _, t := range ev.Teams {
+			if s.present[t]++; s.present[t] == 1 {
+				ev.Occupied = append(ev.Occupied, t)
+			}
+		}
+	case c.Previous != presence.Offline && c.State == presence.Offline:
+		for _, t := range ev.Teams {
+			switch n := s.present[t]; {
+			case n > 1:
+				s.present[t] = n - 1
+			case n == 1:
+				delete(s.present, t)
+				ev.Vacated = append(ev.Vacated, t)
+			}
+		}
+	}
 }
 
 func sortedKeys(m map[string]struct{}) []string {

@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -193,5 +194,54 @@ func TestChannelCountsExpireOnInjectedClock(t *testing.T) {
 	}
 	if _, err := memstore.New(memstore.Config{ChannelCountsTTL: -time.Second}); err == nil {
 		t.Fatal("a negative channel-counts ttl was accepted")
+	}
+}
+
+// With webhooks on, each change names the teams it gives their first
+// present member (Occupied) and those it leaves with none (Vacated);
+// membership changes move the count without an event of their own.
+func TestOccupancy(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	s, err := memstore.New(memstore.Config{OnChange: func(ev store.PresenceEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, ev.Change.UserID+" "+ev.Change.State.String()+" +"+strings.Join(ev.Occupied, ",")+" -"+strings.Join(ev.Vacated, ","))
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	do := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	do(s.AddMember(ctx, "eng", "ann"))
+	do(s.AddMember(ctx, "ops", "ann"))
+	do(s.AddMember(ctx, "eng", "bob"))
+	do(s.Connect(ctx, presence.Conn{ID: "a1", UserID: "ann", Device: "web"}))
+	do(s.Connect(ctx, presence.Conn{ID: "a2", UserID: "ann", Device: "phone"})) // no change
+	do(s.Connect(ctx, presence.Conn{ID: "b1", UserID: "bob", Device: "web"}))
+	do(s.SetStatus(ctx, "b1", false)) // away: still present
+	do(s.RemoveMember(ctx, "eng", "ann"))
+	do(s.Disconnect(ctx, "b1", presence.Closed)) // no grace: bob was eng's last present member
+	do(s.Sweep(ctx))
+	do(s.AddMember(ctx, "eng", "ann")) // ann, present, counts again
+	do(s.Disconnect(ctx, "a1", presence.Closed))
+	do(s.Disconnect(ctx, "a2", presence.Closed))
+	do(s.Sweep(ctx))
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{
+		"ann online +eng,ops -",
+		"bob online + -",
+		"bob away + -",
+		"bob offline + -eng",
+		"ann offline + -eng,ops",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("changes\n%q\nwant\n%q", got, want)
 	}
 }

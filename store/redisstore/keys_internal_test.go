@@ -65,6 +65,7 @@ func newKeyGuard(t *testing.T, r *redistest.Server, sc scripts) *keyGuard {
 		"sweep": sc.sweep, "beat": sc.beat, "presence": sc.presence, "reconcile": sc.reconcile,
 		"floor": sc.floor, "forget": sc.forget, "member_user": sc.memberUser, "member_team": sc.memberTeam,
 		"user_status": sc.userStatus, "px_set": sc.pxSet, "px_live": sc.pxLive, "px_drop": sc.pxDrop,
+		"occupancy": sc.occupancy,
 	} {
 		g.names[s.Hash()] = name
 	}
@@ -233,6 +234,17 @@ func TestScriptsDeclareTheirKeys(t *testing.T) {
 		t.Cleanup(func() { g.check(t) })
 		return guarded(t, g, r, Config{Node: cfg.Node, TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter,
 			ChannelCountsTTL: cfg.ChannelCountsTTL, NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond})
+	})
+
+	t.Run("Occupancy", func(t *testing.T) {
+		if _, err := r.Do("FLUSHALL"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.check(t) })
+		s := guarded(t, g, r, Config{Node: "a"})
+		must(t, s.AddMember(context.Background(), "t", "bob"))
+		expectOcc(t, occ(t, s, "bob", true, 10, "t"), "[+t]") // read the truth, then counted
+		must(t, s.RemoveMember(context.Background(), "t", "bob"))
 	})
 
 	t.Run("FoundWhileRunning", func(t *testing.T) {

@@ -30,6 +30,7 @@ type scripts struct {
 	forget *redis.Script // not a transition: drops users offline for forget-after
 
 	pxSet, pxLive, pxDrop *redis.Script // channel counts (pusher.go)
+	occupancy             *redis.Script // Pusher webhooks' occupancy (occupancy.go)
 }
 
 // loadScripts builds the scripts; with whMax > 0 webhooks are on and every
@@ -50,6 +51,7 @@ func loadScripts(whMax int) scripts {
 		pxSet:      redis.NewScript(mustRead("px_set")),
 		pxLive:     redis.NewScript(mustRead("px_live")),
 		pxDrop:     redis.NewScript(mustRead("px_drop")),
+		occupancy:  redis.NewScript(mustRead("occupancy")),
 	}
 }
 
