@@ -143,10 +143,11 @@ func TestBothWebhookFormatsFromAMemoryNode(t *testing.T) {
 	var got []string
 	for _, h := range precv.Delivered() {
 		for _, e := range h.Events {
-			got = append(got, e.Name+" "+e.Channel+" "+e.UserID)
+			got = append(got, strings.TrimSpace(e.Name+" "+e.Channel+" "+e.UserID))
 		}
 	}
-	if s := strings.Join(got, ","); s != "member_added presence-eng alice,member_removed presence-eng alice" {
+	if s := strings.Join(got, ","); s != "channel_occupied presence-eng,member_added presence-eng alice,"+
+		"member_removed presence-eng alice,channel_vacated presence-eng" {
 		t.Fatalf("Pusher events %s", s)
 	}
 	resp, err = http.Get("http://" + node.Addr + "/metrics")
