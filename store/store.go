@@ -238,7 +238,9 @@ const (
 // do.
 type MemberInfos interface {
 	// SetMemberInfo stores info for user in team; empty info deletes it. It
-	// is removed with the membership (RemoveMember).
+	// is kept only while user is a member: removed with the membership
+	// (RemoveMember), and not stored for a non-member, checked in the same
+	// step, so a removal racing a subscription leaves no info behind.
 	SetMemberInfo(ctx context.Context, team, user string, info []byte) error
 	// MemberInfos returns the infos of users in team, aligned with users
 	// (nil where none).

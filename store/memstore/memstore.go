@@ -308,7 +308,7 @@ func (s *Store) ChannelCounts(_ context.Context, prefix string) (map[string]int,
 func (s *Store) SetMemberInfo(_ context.Context, team, user string, info []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(info) == 0 {
+	if _, member := s.teams[team][user]; len(info) == 0 || !member {
 		delete(s.infos[team], user)
 		if len(s.infos[team]) == 0 {
 			delete(s.infos, team)

@@ -65,7 +65,7 @@ func newKeyGuard(t *testing.T, r *redistest.Server, sc scripts) *keyGuard {
 		"sweep": sc.sweep, "beat": sc.beat, "presence": sc.presence, "reconcile": sc.reconcile,
 		"floor": sc.floor, "forget": sc.forget, "member_user": sc.memberUser, "member_team": sc.memberTeam,
 		"user_status": sc.userStatus, "px_set": sc.pxSet, "px_live": sc.pxLive, "px_drop": sc.pxDrop,
-		"occupancy": sc.occupancy,
+		"occupancy": sc.occupancy, "px_info": sc.pxInfo,
 	} {
 		g.names[s.Hash()] = name
 	}

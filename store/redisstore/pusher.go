@@ -158,13 +158,7 @@ func (s *Store) releaseChannelCounts(ctx context.Context) {
 
 // SetMemberInfo implements store.MemberInfos: a field of the team's hash.
 func (s *Store) SetMemberInfo(ctx context.Context, team, user string, info []byte) error {
-	var err error
-	if len(info) == 0 {
-		err = s.rdb.HDel(ctx, teamInfoKey(team), user).Err()
-	} else {
-		err = s.rdb.HSet(ctx, teamInfoKey(team), user, info).Err()
-	}
-	if err != nil {
+	if _, err := run(ctx, s.rdb, s.sc.pxInfo, []string{teamKey(team), teamInfoKey(team)}, user, string(info)); err != nil {
 		return s.failed("member_info", fmt.Errorf("redisstore: set member info: %w", errors.Join(ErrUnavailable, err)))
 	}
 	return nil

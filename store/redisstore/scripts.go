@@ -30,6 +30,7 @@ type scripts struct {
 	forget *redis.Script // not a transition: drops users offline for forget-after
 
 	pxSet, pxLive, pxDrop *redis.Script // channel counts (pusher.go)
+	pxInfo                *redis.Script // a member's user_info (pusher.go)
 	occupancy             *redis.Script // Pusher webhooks' occupancy (occupancy.go)
 }
 
@@ -51,6 +52,7 @@ func loadScripts(whMax int) scripts {
 		pxSet:      redis.NewScript(mustRead("px_set")),
 		pxLive:     redis.NewScript(mustRead("px_live")),
 		pxDrop:     redis.NewScript(mustRead("px_drop")),
+		pxInfo:     redis.NewScript(mustRead("px_info")),
 		occupancy:  redis.NewScript(mustRead("occupancy")),
 	}
 }

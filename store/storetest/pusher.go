@@ -179,6 +179,14 @@ func testMemberInfos(t *testing.T, h *harness) {
 	expect("t2", []string{"bob"}, `{"name":"Robert"}`) // another team's membership
 	mustDo(t, h.s.AddMember(h.ctx, "t1", "bob"))
 	expect("t1", []string{"bob"}, "") // a new membership starts without one
+
+	// A subscription's info written after a removal that overtook its add
+	// is not kept: nothing would ever remove it.
+	mustDo(t, h.s.RemoveMember(h.ctx, "t1", "bob"))
+	mustDo(t, mi.SetMemberInfo(h.ctx, "t1", "bob", []byte(`{"name":"Late"}`)))
+	expect("t1", []string{"bob"}, "")
+	mustDo(t, h.s.AddMember(h.ctx, "t1", "bob"))
+	expect("t1", []string{"bob"}, "")
 }
 
 // testBroadcastTwoNodes: a message sent by either node reaches both, the
