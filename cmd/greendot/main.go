@@ -354,7 +354,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		rs, err := redisstore.New(ctx, redisstore.Config{URL: o.redisURL, Node: o.nodeID, TTL: o.ttl, Grace: o.grace,
-			ForgetAfter: o.forgetAfter, WebhookQueue: whQueue, WebhookGroups: groups, Logger: log})
+			ForgetAfter: o.forgetAfter, WebhookQueue: whQueue, WebhookGroups: groups, Logger: log,
+			Broadcasts: o.pusherAppID != ""})
 		cancel()
 		if err != nil {
 			return err

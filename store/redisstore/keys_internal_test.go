@@ -232,7 +232,7 @@ func TestScriptsDeclareTheirKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { g.check(t) })
-		return guarded(t, g, r, Config{Node: cfg.Node, TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter,
+		return guarded(t, g, r, Config{Node: cfg.Node, TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter, Broadcasts: true,
 			ChannelCountsTTL: cfg.ChannelCountsTTL, NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond})
 	})
 

@@ -69,11 +69,15 @@ func (sb *subscriber) start(ctx context.Context) error {
 	// App messages have their own connection and reader: a burst of them
 	// must not hold up membership events, and a resubscription after an
 	// outage needs no resync (they are delivered at most once anyway).
-	px := sb.s.rdb.SSubscribe(ctx, pxChannel)
-	if _, err := px.Receive(ctx); err != nil {
-		_ = px.Close()
-		_ = ps.Close()
-		return fmt.Errorf("redisstore: subscribe: %w", err)
+	// Only nodes that serve them hold that connection.
+	var px *redis.PubSub
+	if sb.s.cfg.Broadcasts {
+		px = sb.s.rdb.SSubscribe(ctx, pxChannel)
+		if _, err := px.Receive(ctx); err != nil {
+			_ = px.Close()
+			_ = ps.Close()
+			return fmt.Errorf("redisstore: subscribe: %w", err)
+		}
 	}
 	sb.mu.Lock()
 	sb.members = ps
@@ -81,13 +85,15 @@ func (sb *subscriber) start(ctx context.Context) error {
 	sb.chans[membershipChannel] = &subState{confirmed: true}
 	sb.mu.Unlock()
 	sb.read(ps)
-	sb.wg.Add(1)
-	go func() {
-		defer sb.wg.Done()
-		for m := range px.Channel() { // closed by px.Close
-			sb.s.deliverBroadcast(m.Payload)
-		}
-	}()
+	if px != nil {
+		sb.wg.Add(1)
+		go func() {
+			defer sb.wg.Done()
+			for m := range px.Channel() { // closed by px.Close
+				sb.s.deliverBroadcast(m.Payload)
+			}
+		}()
+	}
 	return nil
 }
 

@@ -19,7 +19,7 @@ import (
 // node loss.
 func pxNode(t *testing.T, url, node string, countsTTL time.Duration) *Store {
 	t.Helper()
-	s, _ := mkWith(t, Config{URL: url, Node: node, TTL: time.Second, ChannelCountsTTL: countsTTL,
+	s, _ := mkWith(t, Config{URL: url, Node: node, TTL: time.Second, ChannelCountsTTL: countsTTL, Broadcasts: true,
 		NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond})
 	return s
 }
@@ -246,5 +246,28 @@ func TestNegativeChannelCountsTTLRefused(t *testing.T) {
 	_, err := New(context.Background(), Config{URL: "redis://127.0.0.1:1", Node: "a", ChannelCountsTTL: -time.Second})
 	if err == nil || !strings.Contains(err.Error(), "channel-counts ttl") {
 		t.Fatalf("New with a negative channel-counts ttl: %v", err)
+	}
+}
+
+// Only a node with Broadcasts on subscribes to app messages, on a
+// connection of its own: a node without Pusher holds none.
+func TestBroadcastSubscriptionOnlyWhenAsked(t *testing.T) {
+	r := redistest.Start(t)
+	subscribers := func() string {
+		t.Helper()
+		got, err := r.DoList("PUBSUB", "SHARDNUMSUB", pxChannel)
+		must(t, err)
+		if len(got) != 2 {
+			t.Fatalf("PUBSUB SHARDNUMSUB %s: %q", pxChannel, got)
+		}
+		return got[1]
+	}
+	mk(t, r.URL(), "off", time.Second, 0)
+	if n := subscribers(); n != "0" {
+		t.Fatalf("%s subscribers of app messages with Broadcasts off, want 0", n)
+	}
+	pxNode(t, r.URL(), "on", time.Minute)
+	if n := subscribers(); n != "1" {
+		t.Fatalf("%s subscribers of app messages with one node's Broadcasts on, want 1", n)
 	}
 }

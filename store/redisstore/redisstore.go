@@ -72,6 +72,10 @@ type Config struct {
 	// webhook format (WebhookGroup, PusherWebhookGroup); nil: WebhookGroup
 	// alone. Every node of a deployment must agree on them.
 	WebhookGroups []string
+	// Broadcasts subscribes this node to app messages (store.Broadcaster:
+	// Pusher channel events), on a Redis connection of their own; off, the
+	// OnBroadcast handler is never called, though Broadcast still sends.
+	Broadcasts bool
 	// WebhookClaimIdle: the events a node read and has not renewed for this
 	// long (it died) are claimed by another node. 3 × NodeTTL.
 	WebhookClaimIdle time.Duration

@@ -23,8 +23,8 @@ func newStore(t *testing.T, url string, cfg storetest.Config) *redisstore.Store 
 	defer cancel()
 	s, err := redisstore.New(ctx, redisstore.Config{
 		URL: url, Node: cfg.Node, TTL: cfg.TTL, Grace: cfg.Grace, ForgetAfter: cfg.ForgetAfter,
-		ChannelCountsTTL: cfg.ChannelCountsTTL,
-		NodeTTL:          600 * time.Millisecond, HoldOff: 300 * time.Millisecond,
+		ChannelCountsTTL: cfg.ChannelCountsTTL, Broadcasts: true,
+		NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

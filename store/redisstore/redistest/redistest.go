@@ -157,7 +157,8 @@ func (s *Server) Do(args ...string) (string, error) {
 	return line, nil
 }
 
-// DoList runs a command whose reply is an array of bulk strings.
+// DoList runs a command whose reply is an array of bulk strings (or
+// integers, given as their text).
 func (s *Server) DoList(args ...string) ([]string, error) {
 	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
 	if err != nil {
@@ -187,7 +188,12 @@ func (s *Server) DoList(args ...string) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		size, _ := strconv.Atoi(strings.TrimRight(head, "\r\n")[1:])
+		head = strings.TrimRight(head, "\r\n")
+		if head[0] == ':' {
+			out = append(out, head[1:])
+			continue
+		}
+		size, _ := strconv.Atoi(head[1:])
 		buf := make([]byte, size+2)
 		if _, err := ioReadFull(r, buf); err != nil {
 			return nil, err
