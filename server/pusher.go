@@ -291,7 +291,7 @@ func (p *pxServer) subscribe(pc *pxConn, sub pusher.Subscribe) {
 		if p.addSub(pc, ch) {
 			pc.write(pusher.Frame("pusher_internal:subscription_succeeded", ch, struct{}{}))
 		} else {
-			subErr("LimitReached", fmt.Sprintf("a socket may subscribe at most %d channels", pxMaxChannelsPerSub), 429)
+			subErr(errTooManyChannels.typ, errTooManyChannels.msg, errTooManyChannels.status)
 		}
 		return
 	}
@@ -308,7 +308,7 @@ func (p *pxServer) subscribe(pc *pxConn, sub pusher.Subscribe) {
 		if p.addSub(pc, ch) {
 			pc.write(pusher.Frame("pusher_internal:subscription_succeeded", ch, struct{}{}))
 		} else {
-			subErr("LimitReached", fmt.Sprintf("a socket may subscribe at most %d channels", pxMaxChannelsPerSub), 429)
+			subErr(errTooManyChannels.typ, errTooManyChannels.msg, errTooManyChannels.status)
 		}
 		return
 	}
@@ -341,6 +341,9 @@ type pxSubError struct {
 }
 
 func (e *pxSubError) Error() string { return e.msg }
+
+// errTooManyChannels refuses a subscription past pxMaxChannelsPerSub.
+var errTooManyChannels = &pxSubError{"LimitReached", fmt.Sprintf("a socket may subscribe at most %d channels", pxMaxChannelsPerSub), 429}
 
 // joinPresence makes the user a member of team (a presence subscription is
 // the app's word that they are), this socket one of their devices, and
@@ -389,7 +392,7 @@ func (p *pxServer) joinPresence(ctx context.Context, pc *pxConn, ch, team string
 	s.hub.ensureIndexed(ctx, gc.user, team)
 	t, ok := p.retainTeam(pc, ch, team)
 	if !ok {
-		return &pxSubError{"LimitReached", fmt.Sprintf("a socket may subscribe at most %d channels", pxMaxChannelsPerSub), 429}
+		return errTooManyChannels
 	}
 	t.enqueue(pxItem{kind: itemSub, conn: pc, user: cd.UserID, info: cd.UserInfo})
 	return nil
