@@ -37,6 +37,13 @@ func driveLargeTeam(ctx context.Context, d *driver) error {
 	for i := range o.N {
 		pairs = append(pairs, [2]string{team, o.user(i)})
 	}
+	for i := range o.OfflineMembers {
+		pairs = append(pairs, [2]string{team, fmt.Sprintf("%s-off%d", o.RunID, i)})
+	}
+	sPre, err := d.scrape(ctx)
+	if err != nil {
+		return err
+	}
 	if err := d.setupTeams(ctx, pairs); err != nil {
 		return err
 	}
@@ -110,7 +117,7 @@ func driveLargeTeam(ctx context.Context, d *driver) error {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("loadgen: no team_counts within 10s: is the team large on the server (--large-team below %d)?", o.N+1+2*largeWatched)
+			return fmt.Errorf("loadgen: no team_counts within 10s: is the team large on the server (--large-team below %d)?", o.N+1+2*largeWatched+o.OfflineMembers)
 		}
 		if !sleepCtx(ctx, time.Millisecond) {
 			return ctx.Err()
@@ -187,6 +194,7 @@ func driveLargeTeam(ctx context.Context, d *driver) error {
 	res.add("team_size", "team members", float64(counts.MemberCount), "")
 	res.add("team_online", "team members online (team_counts)", float64(counts.OnlineCount), "")
 	res.add("heap_per_member_b", "server Go heap per connected member", (s1.Get(mHeap)-s0.Get(mHeap))/float64(r.Dialed+2*largeWatched), "B")
+	res.add("heap_per_membership_b", "server Go heap per team member, for the membership alone", (s0.Get(mHeap)-sPre.Get(mHeap))/float64(len(pairs)), "B")
 	res.addDur("viewer_connect", "viewer connect (welcome + snapshot)", connected)
 	res.add("viewer_snapshot_users", "users in the viewer's snapshot", float64(inSnapshot), "")
 	res.goal(0, false, "0")

@@ -60,6 +60,9 @@ type Options struct {
 	Rate float64
 	// Rounds is how many times the fanout subject comes and goes; default 10.
 	Rounds int
+	// OfflineMembers (largeteam) are members of the team who never
+	// connect: the team has N + 100 + OfflineMembers members, N online.
+	OfflineMembers int
 	// Window spreads the storm's reconnects and the expiry's freezes;
 	// default 5s.
 	Window time.Duration
@@ -178,7 +181,7 @@ func (o Options) withDefaults(scenario string) (Options, error) {
 		return o, errors.New("loadgen: churn needs --n of at least 4 (2 devices per user)")
 	case scenario == "expiry" && o.N < 2:
 		return o, errors.New("loadgen: expiry needs --n of at least 2 (a viewer and a subject)")
-	case o.Duration < 0 || o.Window < 0 || o.Grace < 0 || o.Rate < 0 || o.Procs < 0 || o.Samplers < 0:
+	case o.Duration < 0 || o.Window < 0 || o.Grace < 0 || o.Rate < 0 || o.Procs < 0 || o.Samplers < 0 || o.OfflineMembers < 0:
 		return o, errors.New("loadgen: durations, rates and counts must not be negative")
 	case scenario == "heartbeat" && o.Rate/float64(o.N) > 15:
 		// The server refuses more than 20 frames/s per connection.
@@ -189,6 +192,8 @@ func (o Options) withDefaults(scenario string) (Options, error) {
 		return o, fmt.Errorf("loadgen: --protocol pusher runs idle and fanout only, not %s", scenario)
 	case o.Protocol == protoPusher && (o.PusherKey == "" || o.PusherSecret == ""):
 		return o, errors.New("loadgen: --protocol pusher needs the servers' --pusher-key and --pusher-secret")
+	case o.OfflineMembers > 0 && scenario != "largeteam":
+		return o, fmt.Errorf("loadgen: --offline-members is for largeteam, not %s", scenario)
 	case !protocolID(o.RunID):
 		return o, fmt.Errorf("loadgen: run id %q must be 1-32 letters, digits, '-' or '_'", o.RunID)
 	}

@@ -44,6 +44,8 @@ func newResult(scenario string, o *Options) *Result {
 		p["rate"] = o.Rate
 	case "fanout":
 		p["rounds"] = o.Rounds
+	case "largeteam":
+		p["rounds"], p["offline_members"] = o.Rounds, o.OfflineMembers
 	case "storm", "expiry":
 		p["window_s"] = o.Window.Seconds()
 	}

@@ -208,9 +208,12 @@ func TestScenarioAcrossWorkers(t *testing.T) {
 
 func TestScenarioLargeTeam(t *testing.T) {
 	target := startServer(t, func(c *server.Config) { c.LargeTeam = 50 })
-	r := runScenario(t, "largeteam", Options{Targets: []string{target}, N: 20, Rounds: 5})
-	if got := fig(t, r, "team_size"); got != 20+2*largeWatched+1 {
+	r := runScenario(t, "largeteam", Options{Targets: []string{target}, N: 20, Rounds: 5, OfflineMembers: 30})
+	if got := fig(t, r, "team_size"); got != 20+2*largeWatched+1+30 {
 		t.Errorf("team_size = %v", got)
+	}
+	if got := fig(t, r, "team_online"); got != 20+2*largeWatched+1 {
+		t.Errorf("team_online = %v, want the %d connected, the viewer included (the offline members are not)", got, 20+2*largeWatched+1)
 	}
 	if got := fig(t, r, "watch_online"); got != largeWatched {
 		t.Errorf("watch_online = %v", got)

@@ -33,10 +33,11 @@ table, then one JSON object, of what it measured. Scenarios:
              ttl + grace
   storm      all N connections cut at once, back within --window: time to
              settle, changes per viewer per subject, heartbeat ack p99
-  largeteam  N members of one large team (start the server with
-             --large-team below N+101), a viewer watching 50 of them:
-             its connect and snapshot, team_counts, watch_result, then
-             --rounds changes: latency, fan-out per change, heap per member
+  largeteam  N members of one large team online, plus --offline-members
+             who never connect (start the server with --large-team below
+             N+101+offline), a viewer watching 50 of them: its connect and
+             snapshot, team_counts, watch_result, then --rounds changes:
+             latency, fan-out per change, heap per member
   abuse      hostile floods against one node, one after the other: CPU,
              peak RSS and a bystander's heartbeat ack p99 per flood
              (greendot bench abuse -h: its own flags)
@@ -76,6 +77,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.TeamSize, "team-size", 100, "users per team")
 	fs.Float64Var(&o.Rate, "rate", 0, "heartbeat: heartbeats/s in total (default n); churn: actions/s (default users/15)")
 	fs.IntVar(&o.Rounds, "rounds", 10, "fanout: times the subject comes and goes")
+	fs.IntVar(&o.OfflineMembers, "offline-members", 0, "largeteam: members of the team who never connect, besides the n online")
 	durationVar(fs, &o.Window, "window", 0, "the `duration` reconnects (storm) or freezes (expiry) are spread over (default 5s)")
 	durationVar(fs, &o.Grace, "grace", 0, "the server's --offline-grace `duration` (default 5s)")
 	fs.IntVar(&o.Samplers, "samplers", 20, "connections measuring heartbeat round trips (heartbeat, storm)")
