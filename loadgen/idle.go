@@ -87,6 +87,7 @@ func driveIdle(ctx context.Context, d *driver) error {
 		return err
 	}
 	t1 := time.Now()
+	p1 := d.progress()
 	if !d.sleepStatus(ctx, "holding", o.Duration) {
 		return ctx.Err()
 	}
@@ -95,6 +96,7 @@ func driveIdle(ctx context.Context, d *driver) error {
 		return err
 	}
 	held := time.Since(t1)
+	p2 := d.progress()
 	conns := float64(r.Dialed)
 	res := d.res
 	res.add("rss_per_conn_kib", "server RSS per connection (after the hold)", (s2.Get(mRSS)-base.Get(mRSS))/conns/1024, "KiB")
@@ -113,6 +115,12 @@ func driveIdle(ctx context.Context, d *driver) error {
 		res.add("heartbeats_per_s", "heartbeats absorbed", (s2.Get(mHeartbeats)-s1.Get(mHeartbeats))/held.Seconds(), "/s")
 	}
 	res.add("server_goroutines", "server goroutines", s2.Get(mGoroutines), "")
+	// Nobody comes or goes during the hold: every dot must stay as it is.
+	res.add("hold_changes", "presence changes published during the hold", s2.Sum(mChanges)-s1.Sum(mChanges), "")
+	res.goal(0, false, "0")
+	res.add("hold_expirations", "connections expired during the hold", s2.Sum(mExpirations)-s1.Sum(mExpirations), "")
+	res.goal(0, false, "0")
+	res.add("hold_changes_received", "presence changes the clients got during the hold", float64(p2.Changes-p1.Changes), "")
 	if o.Protocol == protoPusher {
 		d.reportDrops()
 	}

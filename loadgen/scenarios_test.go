@@ -130,6 +130,7 @@ func TestScenarioIdle(t *testing.T) {
 	expectPositive(t, r, "connect_rate", "connect_p99_ms", "heartbeats_per_s", "server_goroutines", "server_rss_mib")
 	fig(t, r, "rss_per_conn_kib")
 	fig(t, r, "cpu_us_per_conn_minute")
+	expectZero(t, r, "hold_changes", "hold_expirations", "hold_changes_received")
 }
 
 func TestScenarioHeartbeat(t *testing.T) {
