@@ -19,7 +19,7 @@ func sharedBackend(url string, cfg storetest.Config) storetest.Shared {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			s, err := New(ctx, Config{URL: url, Node: node, TTL: cfg.TTL, Grace: cfg.Grace,
-				NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond, ChannelCountsTTL: cfg.ChannelCountsTTL,
+				NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond, ChannelCountsTTL: cfg.ChannelCountsTTL, Broadcasts: true,
 				Logger: logger()})
 			if err != nil {
 				t.Fatal(err)

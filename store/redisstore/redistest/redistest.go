@@ -194,6 +194,10 @@ func (s *Server) DoList(args ...string) ([]string, error) {
 			continue
 		}
 		size, _ := strconv.Atoi(head[1:])
+		if size < 0 { // a nil bulk string or array
+			out = append(out, "")
+			continue
+		}
 		buf := make([]byte, size+2)
 		if _, err := ioReadFull(r, buf); err != nil {
 			return nil, err
