@@ -1,0 +1,80 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/internal/testwait"
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store/redisstore/redistest"
+)
+
+// expectShared waits until the live nodes own every shard once between
+// them.
+func expectShared(t *testing.T, nodes ...*Store) {
+	t.Helper()
+	testwait.For(t, 5*time.Second, func() error {
+		var union uint64
+		total := 0
+		for _, s := range nodes {
+			o := s.owned.Load()
+			union |= o
+			total += bits.OnesCount64(o)
+		}
+		if union != allShards || total != numShards {
+			return fmt.Errorf("%d nodes own %d shards, covering %032b; want each of the %d once", len(nodes), total, union, numShards)
+		}
+		return nil
+	})
+}
+
+// The live nodes share the shards out for sweeping; when one stops, the
+// others take its shards over, and until then they still sweep them: a
+// connection of a node that died is released by the others' sweeps.
+func TestSweepsSharedOutAmongLiveNodes(t *testing.T) {
+	r := redistest.Start(t)
+	a, _ := mk(t, r.URL(), "a", time.Second, 0)
+	b, hb := mk(t, r.URL(), "b", time.Second, 0)
+	c, _ := mk(t, r.URL(), "c", time.Second, 0)
+	expectShared(t, a, b, c)
+	for _, s := range []*Store{a, b, c} {
+		if n := bits.OnesCount64(s.owned.Load()); n < 10 || n > 11 {
+			t.Fatalf("%s owns %d shards, want 10 or 11 of 32", s.cfg.Node, n)
+		}
+	}
+
+	// Swept at each call: its own shards; the others once per fallback.
+	ctx := context.Background()
+	must(t, a.Sweep(ctx))
+	var before [numShards]int64
+	for sh := range before {
+		before[sh] = a.lastSwept[sh].Load()
+	}
+	must(t, a.Sweep(ctx))
+	for sh := range numShards {
+		own := a.owned.Load()&(1<<sh) != 0
+		if again := a.lastSwept[sh].Load() != before[sh]; again != own {
+			t.Fatalf("shard %d (owned by a: %v) swept again at once: %v", sh, own, again)
+		}
+	}
+
+	// c dies without a word: until the beats leave it out, a and b sweep
+	// its shards on the fallback, so its connection is released.
+	must(t, c.AddMember(ctx, "t", "carol"))
+	must(t, c.Connect(ctx, presence.Conn{ID: "c1", UserID: "carol", Device: "web"}))
+	kill9(c)
+	expectShared(t, a, b)
+	testwait.For(t, 10*time.Second, func() error {
+		_ = a.Sweep(ctx)
+		_ = b.Sweep(ctx)
+		for _, e := range hb.hist() {
+			if e == "carol=offline" {
+				return nil
+			}
+		}
+		return fmt.Errorf("carol, on the dead node c, not offline yet: %v", hb.hist())
+	})
+}
