@@ -16,7 +16,7 @@ import (
 // them.
 func expectShared(t *testing.T, nodes ...*Store) {
 	t.Helper()
-	testwait.For(t, 5*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		var union uint64
 		total := 0
 		for _, s := range nodes {
@@ -36,9 +36,14 @@ func expectShared(t *testing.T, nodes ...*Store) {
 // connection of a node that died is released by the others' sweeps.
 func TestSweepsSharedOutAmongLiveNodes(t *testing.T) {
 	r := redistest.Start(t)
-	a, _ := mk(t, r.URL(), "a", time.Second, 0)
-	b, hb := mk(t, r.URL(), "b", time.Second, 0)
-	c, _ := mk(t, r.URL(), "c", time.Second, 0)
+	// A fallback of half a second: two sweeps in a row never see it due.
+	node := func(name string) (*Store, *rec) {
+		return mkWith(t, Config{URL: r.URL(), Node: name, TTL: time.Second,
+			NodeTTL: 1500 * time.Millisecond, HoldOff: 300 * time.Millisecond})
+	}
+	a, _ := node("a")
+	b, hb := node("b")
+	c, _ := node("c")
 	expectShared(t, a, b, c)
 	for _, s := range []*Store{a, b, c} {
 		if n := bits.OnesCount64(s.owned.Load()); n < 10 || n > 11 {
