@@ -425,9 +425,25 @@ func (s *Server) readStates(ctx context.Context, users []string) ([]presence.Pre
 	return ps, err
 }
 
-// teamMembers reads the members of each team.
+// teamMembers reads the members of each team: in one batched read when the
+// store offers one (store.MembersBatcher) and there are several.
 func (s *Server) teamMembers(ctx context.Context, teams []string) (map[string][]string, error) {
 	out := make(map[string][]string, len(teams))
+	if b, ok := s.store.(store.MembersBatcher); ok && len(teams) > 1 {
+		var all [][]string
+		err := s.timed(store.OpQuery, func() error {
+			var err error
+			all, err = b.MembersOfMany(ctx, teams)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for i, t := range teams {
+			out[t] = all[i]
+		}
+		return out, nil
+	}
 	for _, t := range teams {
 		var members []string
 		err := s.timed(store.OpQuery, func() error {

@@ -83,6 +83,17 @@ type TeamsBatcher interface {
 	TeamsOfMany(ctx context.Context, userIDs []string) ([][]string, error)
 }
 
+// MembersBatcher is implemented by stores that read many teams' members in
+// one round trip: a connect's snapshot needs every team of the user, and
+// Members for each would cost a round trip per team. The stores of this
+// repository implement it; the server falls back to Members without it.
+type MembersBatcher interface {
+	// MembersOfMany lists the members of each team, sorted, in the order of
+	// teams (nil for a team without members). Callers must not modify the
+	// slices.
+	MembersOfMany(ctx context.Context, teams []string) ([][]string, error)
+}
+
 // Store is everything the server needs from a store.
 type Store interface {
 	Tracker

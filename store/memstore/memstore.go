@@ -69,14 +69,15 @@ type Store struct {
 }
 
 var (
-	_ store.Store        = (*Store)(nil)
-	_ store.Pinger       = (*Store)(nil)
-	_ store.Observable   = (*Store)(nil)
-	_ store.StateReader  = (*Store)(nil)
-	_ store.Counter      = (*Store)(nil)
-	_ store.Scheduler    = (*Store)(nil)
-	_ store.StatusStore  = (*Store)(nil)
-	_ store.TeamsBatcher = (*Store)(nil)
+	_ store.Store          = (*Store)(nil)
+	_ store.Pinger         = (*Store)(nil)
+	_ store.Observable     = (*Store)(nil)
+	_ store.StateReader    = (*Store)(nil)
+	_ store.Counter        = (*Store)(nil)
+	_ store.Scheduler      = (*Store)(nil)
+	_ store.StatusStore    = (*Store)(nil)
+	_ store.TeamsBatcher   = (*Store)(nil)
+	_ store.MembersBatcher = (*Store)(nil)
 
 	_ store.Broadcaster    = (*Store)(nil)
 	_ store.ChannelCounter = (*Store)(nil)
@@ -239,12 +240,27 @@ func (s *Store) TeamsOfMany(_ context.Context, userIDs []string) ([][]string, er
 func (s *Store) Members(_ context.Context, team string) ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.membersLocked(team), nil
+}
+
+// MembersOfMany implements store.MembersBatcher: one lock for all.
+func (s *Store) MembersOfMany(_ context.Context, teams []string) ([][]string, error) {
+	out := make([][]string, len(teams))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, t := range teams {
+		out[i] = s.membersLocked(t)
+	}
+	return out, nil
+}
+
+func (s *Store) membersLocked(team string) []string {
 	if m, ok := s.sorted[team]; ok {
-		return m, nil
+		return m
 	}
 	m := sortedKeys(s.teams[team])
 	s.sorted[team] = m
-	return m, nil
+	return m
 }
 
 // MemberCount implements store.MemberCounter.

@@ -14,9 +14,10 @@ import (
 )
 
 var (
-	_ store.Counter      = (*Store)(nil)
-	_ store.TeamsBatcher = (*Store)(nil)
-	_ store.StateReader  = (*Store)(nil)
+	_ store.Counter        = (*Store)(nil)
+	_ store.TeamsBatcher   = (*Store)(nil)
+	_ store.MembersBatcher = (*Store)(nil)
+	_ store.StateReader    = (*Store)(nil)
 )
 
 // flushLoop writes batched heartbeats.

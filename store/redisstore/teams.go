@@ -186,7 +186,30 @@ func (s *Store) MemberCount(ctx context.Context, team string) (int, error) {
 	return int(n), nil
 }
 
-// Members implements store.Teams.
+// MembersOfMany implements store.MembersBatcher: one pipeline of SMEMBERS.
+func (s *Store) MembersOfMany(ctx context.Context, teams []string) ([][]string, error) {
+	out := make([][]string, len(teams))
+	if len(teams) == 0 {
+		return out, nil
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringSliceCmd, len(teams))
+	for i, t := range teams {
+		cmds[i] = pipe.SMembers(ctx, teamKey(t))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: members: %w", errors.Join(ErrUnavailable, err)))
+	}
+	for i, c := range cmds {
+		if m := c.Val(); len(m) > 0 {
+			sort.Strings(m)
+			out[i] = m
+		}
+	}
+	return out, nil
+}
+
+// Members implements store.Teams: one SMEMBERS.
 func (s *Store) Members(ctx context.Context, team string) ([]string, error) {
 	members, err := s.rdb.SMembers(ctx, teamKey(team)).Result()
 	if err != nil {

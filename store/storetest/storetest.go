@@ -63,6 +63,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"NeverSeenUser", testNeverSeenUser},
 		{"Membership", testMembership},
 		{"TeamsOfMany", testTeamsOfMany},
+		{"MembersOfMany", testMembersOfMany},
 		{"MembershipEvents", testMembershipEvents},
 		{"ConcurrentMembership", testConcurrentMembership},
 		{"ChangeCarriesTeams", testChangeCarriesTeams},
