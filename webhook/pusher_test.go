@@ -2,15 +2,18 @@ package webhook_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/greendot/greendot/internal/hooktest"
 	"github.com/greendot/greendot/internal/testwait"
 	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
 	"github.com/greendot/greendot/store/memstore"
 	"github.com/greendot/greendot/webhook"
 )
@@ -179,5 +182,69 @@ func TestSenderNeedsASecretOrAFormat(t *testing.T) {
 	}
 	if _, err := webhook.NewSender(webhook.Config{URL: "http://x/", Format: pusherFormat}, q); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// preparingQueue is a MemQueue whose events a Prepare completes, the way
+// the Redis store's Pusher queue sets Occupied and Vacated: it fails the
+// first call, then counts the teams of every event it is asked about.
+type preparingQueue struct {
+	*webhook.MemQueue
+	mu    sync.Mutex
+	calls int
+}
+
+func (q *preparingQueue) Prepare(_ context.Context, ev *webhook.Event) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.calls++
+	if q.calls == 1 {
+		return errors.New("store unavailable")
+	}
+	ev.Occupied = ev.Teams
+	return nil
+}
+
+// A Sender prepares an event before its first request and sends the same
+// body on every attempt after; a Prepare that fails is retried like a
+// failed request.
+func TestSenderPreparesOnce(t *testing.T) {
+	recv := hooktest.StartPusher(t)
+	fail := true
+	recv.Answer(func(hooktest.PusherHook) int {
+		if fail {
+			fail = false
+			return http.StatusBadGateway
+		}
+		return http.StatusOK
+	})
+	q := &preparingQueue{MemQueue: webhook.NewMemQueue(10)}
+	s, err := webhook.NewSender(webhook.Config{URL: recv.URL(), Format: pusherFormat, Logger: quiet,
+		MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, Poll: 10 * time.Millisecond,
+		Metrics: webhook.NewPusherMetrics()}, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(s.Stop)
+	at := time.Now() // within the retry window
+	q.Add(store.PresenceEvent{Change: presence.Change{UserID: "bob", State: presence.Online, Previous: presence.Offline,
+		Version: 1, At: at}, Teams: []string{"eng"}})
+	testwait.For(t, 10*time.Second, func() error {
+		if n := len(recv.Delivered()); n != 1 {
+			return fmt.Errorf("%d delivered, want 1", n)
+		}
+		return nil
+	})
+	recv.Check(t)
+	all := recv.All()
+	want := `{"time_ms":` + fmt.Sprint(at.UnixMilli()) + `,"events":[{"name":"channel_occupied","channel":"presence-eng"},{"name":"member_added","channel":"presence-eng","user_id":"bob"}]}`
+	if len(all) != 2 || all[0].Body != want || all[1].Body != want {
+		t.Fatalf("%d requests, want 2 with the prepared body %s: %+v", len(all), want, all)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.calls != 2 {
+		t.Fatalf("Prepare called %d times, want 2 (a failure, then once for both requests)", q.calls)
 	}
 }

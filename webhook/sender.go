@@ -44,6 +44,12 @@ type Preparer interface {
 	Prepare(ctx context.Context, ev *Event) error
 }
 
+// prepareError is an attempt that failed in Prepare, before any request.
+type prepareError struct{ err error }
+
+func (e prepareError) Error() string { return "preparing the event: " + e.err.Error() }
+func (e prepareError) Unwrap() error { return e.err }
+
 // Config configures a Sender.
 type Config struct {
 	URL    string // required: http or https
@@ -358,6 +364,10 @@ func (s *Sender) settle(r result, now time.Time, done []*Event, remove func(*ite
 	it := r.it
 	it.inflight = false
 	s.m.attempts.WithLabelValues(r.outcome).Inc()
+	if pe, ok := r.err.(prepareError); ok {
+		// Not the receiver's doing: the store could not complete the event.
+		s.warn.note("webhooks: cannot prepare an event (retried)", pe.err)
+	}
 	if r.outcome == "success" {
 		s.m.deliveries.WithLabelValues("delivered").Inc()
 		remove(it)
@@ -398,7 +408,7 @@ func (s *Sender) attempt(ctx context.Context, it *item) result {
 	if it.body == nil {
 		if p, ok := s.src.(Preparer); ok {
 			if err := p.Prepare(ctx, it.ev); err != nil {
-				return result{it: it, outcome: "error", err: fmt.Errorf("preparing the event: %w", err)}
+				return result{it: it, outcome: "error", err: prepareError{err}}
 			}
 		}
 		it.body = s.cfg.Format.Body(it.ev)

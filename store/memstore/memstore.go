@@ -47,10 +47,14 @@ type Store struct {
 	userOf  map[string]map[string]struct{} // user → teams
 	sorted  map[string][]string            // team → members sorted, cached until the team changes
 	infos   map[string]map[string][]byte   // team → member → user_info
-	// present counts each team's members not shown offline, kept only for
-	// webhooks (onChange): one process orders every change, so the memory
-	// store tells exactly which change occupies or vacates a team.
-	present map[string]int
+	// present holds each team's members counted present by its webhooks'
+	// member events, kept only for webhooks (onChange): one process orders
+	// every change, so the memory store tells exactly which change occupies
+	// or vacates a team. A member comes in with a change leaving offline
+	// while in the team, and goes out with a change to offline or a
+	// removal; a present user added to a team is not counted (the member
+	// events follow presence, not membership), as on Redis.
+	present map[string]map[string]struct{}
 
 	countsTTL time.Duration
 	counts    map[string]int // this node's channel counts, > 0 only
@@ -113,7 +117,7 @@ func New(cfg Config) (*Store, error) {
 		userOf:      make(map[string]map[string]struct{}),
 		sorted:      make(map[string][]string),
 		infos:       make(map[string]map[string][]byte),
-		present:     make(map[string]int),
+		present:     make(map[string]map[string]struct{}),
 		rescheduled: make(chan struct{}, 1),
 
 		countsTTL: cfg.ChannelCountsTTL,
@@ -385,13 +389,8 @@ func (s *Store) membership(team, user string, join bool) error {
 		}
 	}
 	p := s.tracker.Presence(user)
-	if s.onChange != nil && p.State != presence.Offline && join != isMember {
-		// Membership changes send no webhooks: the count follows quietly.
-		if join {
-			s.present[team]++
-		} else if s.present[team]--; s.present[team] <= 0 {
-			delete(s.present, team)
-		}
+	if !join {
+		s.uncount(team, user) // quietly: a membership change sends no webhook
 	}
 	ev := store.MembershipEvent{
 		Team: team, UserID: user, Joined: join,
@@ -466,21 +465,39 @@ func (s *Store) occupancy(ev *store.PresenceEvent) {
 	switch {
 	case c.Previous == presence.Offline && c.State != presence.Offline:
 		for _, t := range ev.Teams {
-			if s.present[t]++; s.present[t] == 1 {
+			m := s.present[t]
+			if m == nil {
+				m = make(map[string]struct{})
+				s.present[t] = m
 				ev.Occupied = append(ev.Occupied, t)
 			}
+			m[c.UserID] = struct{}{}
 		}
 	case c.Previous != presence.Offline && c.State == presence.Offline:
 		for _, t := range ev.Teams {
-			switch n := s.present[t]; {
-			case n > 1:
-				s.present[t] = n - 1
-			case n == 1:
-				delete(s.present, t)
+			if _, counted := s.present[t][c.UserID]; counted && s.uncount(t, c.UserID) {
 				ev.Vacated = append(ev.Vacated, t)
 			}
 		}
 	}
+}
+
+// uncount takes user out of team's present members; true if that left
+// none.
+func (s *Store) uncount(team, user string) bool {
+	m, ok := s.present[team]
+	if !ok {
+		return false
+	}
+	if _, counted := m[user]; !counted {
+		return false
+	}
+	delete(m, user)
+	if len(m) > 0 {
+		return false
+	}
+	delete(s.present, team)
+	return true
 }
 
 func sortedKeys(m map[string]struct{}) []string {

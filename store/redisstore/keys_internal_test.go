@@ -242,9 +242,14 @@ func TestScriptsDeclareTheirKeys(t *testing.T) {
 		}
 		t.Cleanup(func() { g.check(t) })
 		s := guarded(t, g, r, Config{Node: "a"})
-		must(t, s.AddMember(context.Background(), "t", "bob"))
-		expectOcc(t, occ(t, s, "bob", true, 10, "t"), "[+t]") // read the truth, then counted
-		must(t, s.RemoveMember(context.Background(), "t", "bob"))
+		s.occupancyOn = true // as with Pusher webhooks: removals write the record
+		ctx := context.Background()
+		must(t, s.AddMember(ctx, "t", "bob"))
+		must(t, s.AddMember(ctx, "t", "amy"))
+		must(t, s.SetMemberInfo(ctx, "t", "bob", []byte(`{"name":"Bob"}`)))
+		expectOcc(t, occ(t, s, "bob", true, 10, "t"), "[+t]")
+		expectOcc(t, occ(t, s, "bob", false, 20, "t"), "[-t]") // read the truth, then vacated
+		must(t, s.RemoveMember(ctx, "t", "bob"))
 	})
 
 	t.Run("FoundWhileRunning", func(t *testing.T) {

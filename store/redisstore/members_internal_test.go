@@ -23,7 +23,7 @@ func TestTeamSideIgnoresOlderChange(t *testing.T) {
 	must(t, s.RemoveMember(ctx, "t1", "bob"))
 	team := func(join bool, version string) int64 {
 		t.Helper()
-		v, err := run(ctx, s.rdb, s.sc.memberTeam, []string{teamKey("t1"), teamMVKey("t1"), teamInfoKey("t1"), teamOccKey("t1")}, "bob", boolArg(join), version)
+		v, err := run(ctx, s.rdb, s.sc.memberTeam, []string{teamKey("t1"), teamMVKey("t1"), teamInfoKey("t1"), teamOccKey("t1")}, "bob", boolArg(join), version, "1")
 		must(t, err)
 		return toInt(v)
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/pusher"
 	"github.com/greendot/greendot/webhook"
 )
 
@@ -18,17 +20,24 @@ import (
 // record in the team's slot (occupancy.lua): a count of members present,
 // kept by the version of each member's last event, so that retries, a
 // node claiming the event of a dead one, and a user's events taken out of
-// order all leave the count as the events' order makes it. An event that
-// would take the count across zero is checked against the truth first,
-// which mends a record that missed events (a full queue dropped them,
-// Redis lost the record, or it was made after the members came).
+// order all leave the count as the events' order makes it. A leave that
+// leaves at most one member counted is checked against the truth first,
+// which mends a record that missed events (a full queue dropped them, Redis
+// lost the record, it was made after the members came, a removal was
+// missed).
 
 func teamOccKey(team string) string { return "gd:{t:" + team + "}:oc" }
+
+// occupancyTruthMax bounds the members a check reads: a larger team's
+// vacancy is decided on its count alone (docs/pusher.md).
+const occupancyTruthMax = 10000
 
 var _ webhook.Preparer = (*whQueue)(nil)
 
 // Prepare implements webhook.Preparer for the Pusher format's queue; the
-// Standard Webhooks format needs nothing.
+// Standard Webhooks format needs nothing. It is called by the Sender's
+// workers, concurrently with the queue's other methods: it touches none of
+// their state.
 func (q *whQueue) Prepare(ctx context.Context, ev *webhook.Event) error {
 	if q.group != PusherWebhookGroup {
 		return nil
@@ -40,7 +49,7 @@ func (q *whQueue) Prepare(ctx context.Context, ev *webhook.Event) error {
 // the same event, however many nodes make it.
 func (s *Store) occupancy(ctx context.Context, ev *webhook.Event) error {
 	joins := ev.Joins()
-	if (!joins && !ev.Leaves()) || len(ev.Teams) == 0 {
+	if !joins && !ev.Leaves() {
 		return nil
 	}
 	present := 0
@@ -48,33 +57,36 @@ func (s *Store) occupancy(ctx context.Context, ev *webhook.Event) error {
 		present = 1
 	}
 	version := strconv.FormatUint(ev.Version, 10)
-	calls := make([]call, len(ev.Teams))
-	for i, t := range ev.Teams {
-		calls[i] = call{keys: []string{teamOccKey(t)}, args: []any{ev.UserID, version, present, 0}}
+	var teams []string
+	var calls []call
+	for _, t := range ev.Teams {
+		if pusher.ValidChannel(pusher.PrefixPresence + t) { // else no webhook names it
+			teams = append(teams, t)
+			calls = append(calls, call{keys: []string{teamOccKey(t)}, args: []any{ev.UserID, version, present, "0"}})
+		}
+	}
+	if len(calls) == 0 {
+		return nil
 	}
 	replies, errs := s.evalMany(ctx, s.sc.occupancy, calls)
-	var check []int // teams whose count the event would take across zero
 	for i, err := range errs {
 		if err != nil {
-			return fmt.Errorf("redisstore: occupancy of %q: %w", ev.Teams[i], errors.Join(ErrUnavailable, err))
+			return fmt.Errorf("redisstore: occupancy of %q: %w", teams[i], errors.Join(ErrUnavailable, err))
 		}
-		if r, ok := replies[i].(string); ok && r == "check" {
-			check = append(check, i)
+		if r, ok := replies[i].(string); !ok || r != "check" {
+			continue
 		}
-	}
-	for _, i := range check {
-		truth, err := s.occupancyTruth(ctx, ev.Teams[i])
+		// A leave that may vacate the team: read who is in it first.
+		truth, err := s.occupancyTruth(ctx, teams[i])
 		if err != nil {
-			return err
+			return fmt.Errorf("redisstore: occupancy of %q: %w", teams[i], err)
 		}
-		r, err := run(ctx, s.rdb, s.sc.occupancy, calls[i].keys, append([]any{ev.UserID, version, present, 1}, truth...)...)
-		if err != nil {
-			return fmt.Errorf("redisstore: occupancy of %q: %w", ev.Teams[i], errors.Join(ErrUnavailable, err))
+		if replies[i], err = run(ctx, s.rdb, s.sc.occupancy, calls[i].keys, append([]any{ev.UserID, version, present}, truth...)...); err != nil {
+			return fmt.Errorf("redisstore: occupancy of %q: %w", teams[i], errors.Join(ErrUnavailable, err))
 		}
-		replies[i] = r
 	}
 	ev.Occupied, ev.Vacated = nil, nil
-	for i, t := range ev.Teams { // sorted, so are both lists
+	for i, t := range teams { // sorted, so are both lists
 		switch toInt(replies[i]) {
 		case 1:
 			ev.Occupied = append(ev.Occupied, t)
@@ -85,20 +97,26 @@ func (s *Store) occupancy(ctx context.Context, ev *webhook.Event) error {
 	return nil
 }
 
-// occupancyTruth reads team's members' states as occupancy.lua takes them:
-// user, version, present (shown as anything but offline). It fails while
-// Redis is recovering from a data loss, when members not written back yet
-// would read as offline: the attempt is retried later.
+// occupancyTruth is the rest of occupancy.lua's ARGV for a check of team:
+// "1" and its members' states as user, version, present (shown as anything
+// but offline); or "2" alone for a team past occupancyTruthMax. It fails
+// while Redis is recovering from a data loss, when members not written back
+// yet would read as offline: the attempt is retried later.
 func (s *Store) occupancyTruth(ctx context.Context, team string) ([]any, error) {
-	members, err := s.Members(ctx, team)
+	members, err := s.rdb.SMembers(ctx, teamKey(team)).Result()
+	if err != nil {
+		return nil, errors.Join(ErrUnavailable, err)
+	}
+	if len(members) > occupancyTruthMax {
+		return []any{"2"}, nil
+	}
+	slices.Sort(members)
+	states, err := s.WholeStates(ctx, members)
 	if err != nil {
 		return nil, err
 	}
-	states, err := s.WholeStates(ctx, members)
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: occupancy of %q: %w", team, err)
-	}
-	out := make([]any, 0, 3*len(states))
+	out := make([]any, 0, 1+3*len(states))
+	out = append(out, "1")
 	for _, p := range states {
 		present := 0
 		if p.State != presence.Offline {

@@ -65,15 +65,28 @@ func TestOccupancyCountsMemberEvents(t *testing.T) {
 	expectOcc(t, occ(t, a, "bob", true, 50, "eng"), "[+eng]")
 }
 
-// The record catches up with the truth when an event would take a team
-// across zero: members present before the event, whose events it never saw
-// (a full queue dropped them, Redis lost the record), count; members whose
-// present state is newer than the event are left to their own events.
+// occNode is a store with Pusher webhooks on, whose removals keep the
+// teams' occupancy records right.
+func occNode(t *testing.T, r *redistest.Server, name string) *Store {
+	t.Helper()
+	s, _ := mkWith(t, Config{URL: r.URL(), Node: name, TTL: 10 * time.Second,
+		NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond,
+		WebhookQueue: 100, WebhookGroups: []string{PusherWebhookGroup}})
+	return s
+}
+
+// Joins are counted as told: the first one the record gets occupies the
+// team, even when an older one of another member comes after it (events
+// of two users are prepared in any order), and then that one does not.
+// A leave that would vacate the team is checked against the truth first:
+// a member present before it whose events the record never saw (a full
+// queue dropped them, Redis lost the record, or it was made after they
+// came) keeps the team occupied.
 func TestOccupancyCatchesUpWithTheTruth(t *testing.T) {
 	r := redistest.Start(t)
-	s, _ := mk(t, r.URL(), "a", 10*time.Second, 0)
+	s := occNode(t, r, "a")
 	ctx := context.Background()
-	for _, u := range []string{"ann", "bob", "cid"} {
+	for _, u := range []string{"ann", "bob", "cid", "dan"} {
 		must(t, s.AddMember(ctx, "eng", u))
 	}
 	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
@@ -83,27 +96,40 @@ func TestOccupancyCatchesUpWithTheTruth(t *testing.T) {
 	if p[0].State != presence.Online || bobV == 0 {
 		t.Fatalf("bob: %+v, want online", p[0])
 	}
-	// ann arrives after bob, whose event the record never got: not the
-	// first member present.
-	expectOcc(t, occ(t, s, "ann", true, bobV+10, "eng"), "[]")
-	// ann leaves: bob is still present, so the team is not vacated.
+	// bob's join never reaches the record; ann's does, and is the first.
+	expectOcc(t, occ(t, s, "ann", true, bobV+10, "eng"), "[+eng]")
+	// ann leaves: bob, present since before, keeps the team occupied.
 	expectOcc(t, occ(t, s, "ann", false, bobV+20, "eng"), "[]")
-	// On another team, cid's event is older than bob's state: bob came
-	// after cid, so cid's arrival occupies the team.
-	must(t, s.AddMember(ctx, "ops", "cid"))
-	must(t, s.AddMember(ctx, "ops", "bob"))
-	expectOcc(t, occ(t, s, "cid", true, bobV-10, "ops"), "[+ops]")
-	if n, err := r.Do("HGET", teamOccKey("ops"), "n"); err != nil || n != "1" {
-		t.Fatalf("ops counts %s present (%v), want cid alone until bob's own event", n, err)
+	// bob's own join, late: counted by the check already.
+	expectOcc(t, occ(t, s, "bob", true, bobV, "eng"), "[]")
+
+	// Two joins prepared newest first: one channel_occupied all the same.
+	for _, u := range []string{"cid", "dan"} {
+		must(t, s.AddMember(ctx, "ops", u))
 	}
+	expectOcc(t, occ(t, s, "dan", true, 20, "ops"), "[+ops]")
+	expectOcc(t, occ(t, s, "cid", true, 10, "ops"), "[]")
+	expectOcc(t, occ(t, s, "cid", false, 30, "ops"), "[]")
+	expectOcc(t, occ(t, s, "dan", false, 40, "ops"), "[-ops]")
+
+	// A user counted who is no longer a member (a removal the record
+	// missed) does not keep the team occupied past the check.
+	must(t, s.AddMember(ctx, "qa", "ann"))
+	expectOcc(t, occ(t, s, "ann", true, 50, "qa"), "[+qa]")
+	if _, err := r.Do("HSET", teamOccKey("qa"), "u:ghost", "45:1", "n", "2"); err != nil {
+		t.Fatal(err)
+	}
+	expectOcc(t, occ(t, s, "ann", false, 60, "qa"), "[-qa]")
 }
 
 // A present member removed from a team leaves its count at once, and the
 // member's older events, delivered after the removal, do not count them
-// again; a re-added member counts from their next event.
+// again; a re-added member counts from their next event. A leave published
+// before the removal, delivered after it, still vacates the team it left
+// empty.
 func TestOccupancyFollowsRemovals(t *testing.T) {
 	r := redistest.Start(t)
-	s, _ := mk(t, r.URL(), "a", time.Second, 0)
+	s := occNode(t, r, "a")
 	ctx := context.Background()
 	must(t, s.AddMember(ctx, "eng", "ann"))
 	must(t, s.AddMember(ctx, "eng", "bob"))
@@ -120,5 +146,25 @@ func TestOccupancyFollowsRemovals(t *testing.T) {
 	expectOcc(t, occ(t, s, "bob", false, uint64(time.Now().UnixMicro())+10, "eng"), "[-eng]")
 	if n, err := r.Do("HGET", teamOccKey("eng"), "n"); err != nil || n != "0" {
 		t.Fatalf("eng counts %s present (%v), want 0", n, err)
+	}
+
+	// carol leaves, and is removed before her leave is delivered.
+	must(t, s.AddMember(ctx, "qa", "carol"))
+	now = uint64(time.Now().UnixMicro())
+	expectOcc(t, occ(t, s, "carol", true, now-2000, "qa"), "[+qa]")
+	must(t, s.RemoveMember(ctx, "qa", "carol"))
+	expectOcc(t, occ(t, s, "carol", false, now-1000, "qa"), "[-qa]")
+	expectOcc(t, occ(t, s, "carol", false, now-1000, "qa"), "[-qa]") // a retry
+}
+
+// Without Pusher webhooks, removals leave no occupancy record behind.
+func TestNoOccupancyRecordWithoutPusherWebhooks(t *testing.T) {
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", time.Second, 0)
+	ctx := context.Background()
+	must(t, s.AddMember(ctx, "eng", "ann"))
+	must(t, s.RemoveMember(ctx, "eng", "ann"))
+	if n, err := r.Do("EXISTS", teamOccKey("eng")); err != nil || n != "0" {
+		t.Fatalf("EXISTS %s = %s (%v), want 0", teamOccKey("eng"), n, err)
 	}
 }

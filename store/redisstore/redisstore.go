@@ -116,6 +116,9 @@ type Store struct {
 
 	subs *subscriber
 	wh   map[string]*whQueue // by consumer group; nil: webhooks off
+	// occupancyOn: Pusher webhooks are on, and removals keep the teams'
+	// occupancy records right (member_team.lua, occupancy.go).
+	occupancyOn bool
 
 	healthy atomic.Bool
 	beaten  atomic.Bool  // the first beat is done
@@ -258,6 +261,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			}
 			s.wh[g] = q
 		}
+		s.occupancyOn = s.wh[PusherWebhookGroup] != nil
 	}
 	s.subs = newSubscriber(s)
 	if err := s.subs.start(ctx); err != nil {

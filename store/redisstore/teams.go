@@ -122,7 +122,7 @@ func (s *Store) membership(ctx context.Context, team, user string, join bool) er
 		}
 		userChanged = toInt(reply[0])
 		var t any
-		t, err = run(ctx, s.rdb, s.sc.memberTeam, []string{teamKey(team), teamMVKey(team), teamInfoKey(team), teamOccKey(team)}, user, boolArg(join), toString(reply[1]))
+		t, err = run(ctx, s.rdb, s.sc.memberTeam, []string{teamKey(team), teamMVKey(team), teamInfoKey(team), teamOccKey(team)}, user, boolArg(join), toString(reply[1]), boolArg(s.occupancyOn))
 		teamChanged = toInt(t)
 	}
 	if err != nil {

@@ -48,7 +48,8 @@ func whShardMax(total int) int {
 }
 
 // whQueue is the Redis webhook.Source. Its methods are called by one
-// goroutine (the Sender's dispatcher).
+// goroutine (the Sender's dispatcher), but Prepare (occupancy.go), which
+// the Sender's workers call and which touches none of their state.
 type whQueue struct {
 	s         *Store
 	group     string
