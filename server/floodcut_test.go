@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -53,4 +54,56 @@ func TestPingFloodIsCutOnThePoller(t *testing.T) {
 		}
 		t.Fatal("no rate_limited count")
 	}
+}
+
+// A connection in a run of refused frames decodes its big frames in a lane
+// of half the cores: while the lane is taken, its next 500-id query waits
+// there, and another connection's heartbeat is answered meanwhile, not
+// behind it.
+func TestFloodingQueriesWaitInTheirLane(t *testing.T) {
+	ts := startServer(t, frozen) // no refill: a 500-id query (50 tokens) is always refused
+	flood := ts.dialSilent(t, "mallory")
+	by := ts.dialSilent(t, "alice")
+	long := make([]string, 500) // over 4 KiB, as a real 500-id query is
+	for i := range long {
+		long[i] = fmt.Sprintf("user-%020d", i)
+	}
+	q := map[string]any{"type": "query", "id": "q", "user_ids": long}
+	flood.send(q) // the run's first refused frame, decoded outside the lane
+	flood.expectError("rate_limited")
+	release := ts.srv.HoldBigFrames()
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	flood.send(q) // in a run now: it waits for the lane
+	flood.send(`{"type":"heartbeat","id":"after"}`)
+	by.send(`{"type":"heartbeat","id":"by"}`)
+	if ack := by.next("heartbeat_ack"); ack["id"] != "by" {
+		t.Fatalf("bystander ack = %v", ack)
+	}
+	if !metricLine(t, ts, `greendot_frames_rejected_total{reason="rate_limited"} 1`) {
+		_, body := ts.do("GET", "/metrics", "")
+		t.Fatalf("the flood's second query was handled while the lane was taken:\n%s", grepLines(body, "rate_limited"))
+	}
+	release()
+	released = true
+	if ack := flood.next("heartbeat_ack"); ack["id"] != "after" { // behind its query
+		t.Fatalf("flood ack = %v", ack)
+	}
+	if !metricLine(t, ts, `greendot_frames_rejected_total{reason="rate_limited"} 2`) {
+		t.Fatal("the flood's second query was not refused after the lane was free")
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -127,6 +127,9 @@ type Server struct {
 	refusedLog throttledLog
 	adm        *admission
 	walkers    frameWalkers
+	// Frames over protocol.MaxSmallFrame are decoded holding a slot of it
+	// (ws.go, onMessage): never closed.
+	bigFrames chan struct{}
 
 	// The WebSocket connections by their socket, for onWritten: *nbio.Conn
 	// → *client, from the upgrade to onClose.
@@ -227,6 +230,7 @@ func New(cfg Config) (*Server, error) {
 
 		origins:     origins,
 		userPending: make(map[string]int),
+		bigFrames:   make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2)),
 	}
 	s.metrics = newMetrics(cfg.Registry)
 	if c, ok := cfg.Store.(store.MetricsSource); ok {
