@@ -56,45 +56,42 @@ func TestPingFloodIsCutOnThePoller(t *testing.T) {
 	}
 }
 
-// A connection in a run of refused frames decodes its big frames in a lane
-// of half the cores: while the lane is taken, its next 500-id query waits
-// there, and another connection's heartbeat is answered meanwhile, not
-// behind it.
-func TestFloodingQueriesWaitInTheirLane(t *testing.T) {
-	ts := startServer(t, frozen) // no refill: a 500-id query (50 tokens) is always refused
+// A connection in a run of refused frames decodes its big frames on at most
+// half the cores: while those are busy, its big query is refused undecoded
+// (no query_result though the bucket could pay for it) and continues the
+// run, and another connection's heartbeat is answered meanwhile.
+func TestFloodingQueriesAreRefusedWhileTheirLaneIsBusy(t *testing.T) {
+	ts := startServer(t, frozen) // no refill: the burst of 40 is all there is
 	flood := ts.dialSilent(t, "mallory")
 	by := ts.dialSilent(t, "alice")
-	long := make([]string, 500) // over 4 KiB, as a real 500-id query is
-	for i := range long {
-		long[i] = fmt.Sprintf("user-%020d", i)
+	long := func(n int) map[string]any { // ids long enough for a frame over 4 KiB
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("user-%095d", i)
+		}
+		return map[string]any{"type": "query", "id": "q", "user_ids": ids}
 	}
-	q := map[string]any{"type": "query", "id": "q", "user_ids": long}
-	flood.send(q) // the run's first refused frame, decoded outside the lane
+	flood.send(long(500)) // 50 tokens: refused, the run's first
 	flood.expectError("rate_limited")
 	release := ts.srv.HoldBigFrames()
-	released := false
-	defer func() {
-		if !released {
-			release()
-		}
-	}()
-	flood.send(q) // in a run now: it waits for the lane
+	flood.send(long(45)) // 5 tokens, affordable, but in a run and the lane is busy
 	flood.send(`{"type":"heartbeat","id":"after"}`)
+	if ack := flood.next("heartbeat_ack"); ack["id"] != "after" {
+		t.Fatalf("flood: %v, want the ack with no query_result before it", ack)
+	}
 	by.send(`{"type":"heartbeat","id":"by"}`)
 	if ack := by.next("heartbeat_ack"); ack["id"] != "by" {
 		t.Fatalf("bystander ack = %v", ack)
 	}
-	if !metricLine(t, ts, `greendot_frames_rejected_total{reason="rate_limited"} 1`) {
+	if !metricLine(t, ts, `greendot_frames_rejected_total{reason="rate_limited"} 2`) {
 		_, body := ts.do("GET", "/metrics", "")
-		t.Fatalf("the flood's second query was handled while the lane was taken:\n%s", grepLines(body, "rate_limited"))
+		t.Fatalf("want 2 refused (the 500-id query, the 45-id one):\n%s", grepLines(body, "rate_limited"))
 	}
 	release()
-	released = true
-	if ack := flood.next("heartbeat_ack"); ack["id"] != "after" { // behind its query
-		t.Fatalf("flood ack = %v", ack)
-	}
-	if !metricLine(t, ts, `greendot_frames_rejected_total{reason="rate_limited"} 2`) {
-		t.Fatal("the flood's second query was not refused after the lane was free")
+	// The heartbeat ended the run: the same query is answered now.
+	flood.send(long(45))
+	if r := flood.next("query_result"); len(r["users"].([]any)) != 45 {
+		t.Fatalf("query_result = %v", r)
 	}
 }
 

@@ -529,11 +529,20 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 	// and kept each other connection's frames waiting for a core (a
 	// bystander's heartbeat ack p99 at 200-700 ms in `greendot bench
 	// abuse`). The big frames of a connection in a run of refused frames
-	// take turns on half the cores, leaving the other half to everyone
-	// else; a client within its limit is not held up.
+	// are decoded on at most half the cores, leaving the other half to
+	// everyone else; one that finds them all busy is refused undecoded,
+	// continuing its run (waiting instead held the connection open while
+	// the poller read ever more of its flood). A client within its limit
+	// is not affected.
 	laned := big && streak > 0
 	if laned {
-		s.bigFrames <- struct{}{}
+		select {
+		case s.bigFrames <- struct{}{}:
+		default:
+			c.limited = streak // the token it took does not end the run
+			c.refuse()
+			return
+		}
 	}
 	f, err := protocol.DecodeClientFrame(data)
 	if laned {
