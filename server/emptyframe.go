@@ -67,6 +67,9 @@ func (s *Server) onFrames(c *nbio.Conn, ws *websocket.Conn, data []byte) {
 		// frame answered after an empty one sees its effect.
 		for range empty {
 			ws.Execute(func() {
+				if cl.closed.Load() {
+					return // as in onMessage
+				}
 				now := s.cfg.Now()
 				s.signOfLife(cl, now)
 				cl.allow(now, 1)

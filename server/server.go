@@ -127,8 +127,9 @@ type Server struct {
 	refusedLog throttledLog
 	adm        *admission
 	walkers    frameWalkers
-	// Frames over protocol.MaxSmallFrame are decoded holding a slot of it
-	// (ws.go, onMessage): never closed.
+	// The big frames (over protocol.MaxSmallFrame) of a connection in a
+	// run of refused frames are decoded holding a slot of it, or refused
+	// when none is free (ws.go, onMessage): never closed.
 	bigFrames chan struct{}
 
 	// The WebSocket connections by their socket, for onWritten: *nbio.Conn
