@@ -36,6 +36,10 @@ type AbuseOptions struct {
 	Floods    []string      // which of AbusePhases, in their order; empty: all
 	JWTSecret string        // signs the clients' tokens; empty: dev mode (?user=)
 	Progress  io.Writer     // a line per phase; nil: none
+	// Bystander times the heartbeat acks, connected before Abuse is
+	// called; nil: one in this process, which the floods' own goroutines
+	// delay too.
+	Bystander Bystander
 }
 
 // AbusePhases names the floods in the order they run.
@@ -69,17 +73,17 @@ func Abuse(ctx context.Context, o AbuseOptions) (*Result, error) {
 	res := &Result{Scenario: "abuse", RunID: "abuse", Targets: []string{o.URL}, Started: time.Now(),
 		Params: map[string]any{"n": o.Conns, "conns": o.Conns, "idle": o.Idle, "phase_s": o.Phase.Seconds()}}
 
-	by, err := a.dialWS(ctx, "bystander")
-	if err != nil {
-		return nil, fmt.Errorf("loadgen: abuse: the bystander cannot connect: %w", err)
+	by := o.Bystander
+	res.Params["bystander"] = "own process"
+	if by == nil {
+		b, err := a.startBystander(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer b.stop()
+		by = b
+		res.Params["bystander"] = "inline"
 	}
-	byCtx, stopBy := context.WithCancel(ctx)
-	var byWG sync.WaitGroup
-	hist := &syncHist{}
-	var lost atomic.Int64
-	byWG.Add(1)
-	go func() { defer byWG.Done(); by.heartbeat(byCtx, 100*time.Millisecond, hist, &lost) }()
-	defer func() { stopBy(); by.c.Close(); byWG.Wait() }()
 
 	// A quiet phase first: what the bystander sees with nobody abusing.
 	phases := []string{"quiet"}
@@ -96,10 +100,9 @@ func Abuse(ctx context.Context, o AbuseOptions) (*Result, error) {
 		if err != nil {
 			return res, err
 		}
-		hist.mu.Lock()
-		hist.h = Histogram{} // each phase's own
-		hist.mu.Unlock()
-		lost.Store(0)
+		if _, err := by.Mark(); err != nil { // each phase's own
+			return res, err
+		}
 		selfBefore := selfCPU()
 		pctx, cancel := context.WithTimeout(ctx, o.Phase)
 		peak := a.samplePeak(pctx)
@@ -111,17 +114,17 @@ func Abuse(ctx context.Context, o AbuseOptions) (*Result, error) {
 		if err != nil {
 			return res, err
 		}
-		h := hist.take()
+		bs, err := by.Mark()
+		if err != nil {
+			return res, err
+		}
 		res.add(p+"_server_cpu_s", p+": server CPU", after.Get(mCPU)-before.Get(mCPU), "s")
 		res.add(p+"_loadgen_cpu_s", p+": load generator CPU (same machine)", selfCPU()-selfBefore, "s")
 		res.add(p+"_rss_peak_mib", p+": server RSS, highest sampled", rss/(1<<20), "MiB")
-		p99 := math.NaN()
-		if h.N > 0 {
-			p99 = float64(h.Quantile(0.99)) / float64(time.Millisecond)
-		}
+		p99 := bs.P99ms
 		res.add(p+"_bystander_ack_p99_ms", p+": bystander heartbeat ack p99", p99, "ms")
-		res.add(p+"_bystander_acks", p+": bystander acks", float64(h.N), "")
-		if n := lost.Load(); n > 0 {
+		res.add(p+"_bystander_acks", p+": bystander acks", float64(bs.Acks), "")
+		if n := bs.Lost; n > 0 {
 			res.note("%s: the bystander missed %d acks (none within 1 s)", p, n)
 		}
 		if stats != "" {

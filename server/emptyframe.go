@@ -21,6 +21,19 @@ import (
 // runs; at the first broken frame the frames before it are parsed and the
 // connection is closed with 1002.
 //
+// The walker also cuts a flood short on the poller. nbio's one poller
+// goroutine parses everything a socket holds into that connection's job
+// list before any job runs, and the jobs already queued run even after a
+// job closed the socket: a ping flood had ~4,000 pings per connection
+// parsed and rate-limited where 121 decide its fate, and every other
+// connection's frames waited behind them. Frames read together arrived at
+// once, and at one instant the bucket holds at most RateBurst tokens, so a
+// run of more than 3 × RateBurst frames of one token each (pings, empty
+// text frames; pongs are free) in one read ends in more than 2 × RateBurst
+// refused in a row: the 1008 the rate limit would send. The walker hands
+// the parser the frames before that run's last one, queues the 1008 behind
+// them and drops whatever the socket sends after.
+//
 // The walk begins with the first read after the upgrade, where nbio has
 // just made the socket's session a *websocket.Conn (before it writes the
 // 101): a client that waits for the 101, as RFC 6455 4.1 says it must,
@@ -29,19 +42,24 @@ type frameWalkers struct{ m sync.Map } // *nbio.Conn → *frameWalker, deleted a
 
 // bindWalker gives the walker of c's socket its client (handleConnect).
 func (s *Server) bindWalker(nbc *nbio.Conn, c *client) {
-	v, _ := s.walkers.m.LoadOrStore(nbc, &frameWalker{})
+	v, _ := s.walkers.m.LoadOrStore(nbc, s.newWalker())
 	v.(*frameWalker).cl.Store(c)
 	if closed, _ := nbc.IsClosed(); closed {
 		s.walkers.m.Delete(nbc) // closed before this: OnClose has deleted it already
 	}
 }
 
+// newWalker's run limit is the frames of one token that a read may hold
+// before the rate limit must close the connection (see above).
+func (s *Server) newWalker() *frameWalker { return &frameWalker{maxRun: 3*s.cfg.RateBurst + 1} }
+
 func (s *Server) onFrames(c *nbio.Conn, ws *websocket.Conn, data []byte) {
 	v, ok := s.walkers.m.Load(c)
 	if !ok {
-		v, _ = s.walkers.m.LoadOrStore(c, &frameWalker{})
+		v, _ = s.walkers.m.LoadOrStore(c, s.newWalker())
 	}
 	w := v.(*frameWalker) // only this connection's reads touch it, one at a time
+	wasFlood := w.flood
 	empty, bad, at := w.walk(data)
 	cl := w.cl.Load() // nil for a moment after the upgrade
 	if cl != nil && ws.Execute != nil {
@@ -49,11 +67,33 @@ func (s *Server) onFrames(c *nbio.Conn, ws *websocket.Conn, data []byte) {
 		// frame answered after an empty one sees its effect.
 		for range empty {
 			ws.Execute(func() {
+				if cl.closed.Load() {
+					return // as in onMessage
+				}
 				now := s.cfg.Now()
 				s.signOfLife(cl, now)
 				cl.allow(now, 1)
 			})
 		}
+	}
+	if w.flood {
+		if wasFlood {
+			return // the 1008 is queued: nothing more is parsed
+		}
+		if at > 0 {
+			c.DataHandler()(c, data[:at])
+		}
+		// The run's last frame, refused here rather than in the handler.
+		s.metrics.framesRejected.WithLabelValues(reasonRateLimited).Inc()
+		if cl != nil && ws.Execute != nil {
+			// Behind the frames just parsed, so their pongs and the
+			// rate_limited error go out before the close, as without the cut.
+			ws.Execute(func() { cl.closeWith(protocol.ClosePolicy, "rate limit exceeded") })
+			return
+		}
+		_ = ws.WriteClose(protocol.ClosePolicy, "rate limit exceeded")
+		_ = ws.Close()
+		return
 	}
 	if bad == "" {
 		c.DataHandler()(c, data)
@@ -81,15 +121,21 @@ type frameWalker struct {
 	skip uint64 // payload bytes of the current frame still to come
 	head []byte // the current header, as far as read
 	bad  string // why the stream broke the protocol; nothing more is walked
+
+	maxRun int  // frames of one token in one read that end in a 1008; 0: no limit
+	run    int  // such frames so far in this read
+	flood  bool // a read held maxRun of them; nothing more is walked
 }
 
 // walk walks data. It returns how many empty text frames ended in it and,
-// when a header in it breaks the protocol, why and at which offset of data
-// that frame begins (0 when it began in an earlier read).
+// when a header in it breaks the protocol or completes a flood (w.flood),
+// why (for a break) and at which offset of data that frame begins (0 when
+// it began in an earlier read).
 func (w *frameWalker) walk(data []byte) (empty int, bad string, at int) {
-	if w.bad != "" {
+	if w.bad != "" || w.flood {
 		return 0, w.bad, 0
 	}
+	w.run = 0 // a run counts within one read: those frames came at once
 	off := 0
 	for off < len(data) {
 		if w.skip > 0 {
@@ -113,6 +159,17 @@ func (w *frameWalker) walk(data []byte) (empty int, bad string, at int) {
 			size = uint64(binary.BigEndian.Uint16(w.head[2:4]))
 		case 127:
 			size = binary.BigEndian.Uint64(w.head[2:10])
+		}
+		switch {
+		case b0 == 0x89 || (b0 == 0x81 && size == 0): // a ping or an empty text frame: one token
+			w.run++
+			if w.maxRun > 0 && w.run >= w.maxRun {
+				w.flood = true
+				return empty, "", max(0, off-len(w.head))
+			}
+		case b0&0x0f == 0xa: // a pong costs nothing and ends no run
+		default:
+			w.run = 0
 		}
 		if size == 0 && b0 == 0x81 { // FIN, no RSV bits, opcode text
 			empty++

@@ -104,6 +104,14 @@ func (c *client) allow(now time.Time, cost int) bool {
 		c.limited = 0
 		return true
 	}
+	c.refuse()
+	return false
+}
+
+// refuse counts a frame refused by the rate limit in the current run of
+// them: the run's first gets an error, one past 2 × RateBurst closes.
+func (c *client) refuse() {
+	cfg := &c.srv.cfg
 	c.limited++
 	c.srv.metrics.framesRejected.WithLabelValues(reasonRateLimited).Inc()
 	switch {
@@ -113,7 +121,6 @@ func (c *client) allow(now time.Time, cost int) bool {
 		c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeRateLimited,
 			Message: "too many frames; slow down or be disconnected"})
 	}
-	return false
 }
 
 // push queues a change for this connection without blocking. A bulk push

@@ -127,6 +127,10 @@ type Server struct {
 	refusedLog throttledLog
 	adm        *admission
 	walkers    frameWalkers
+	// The big frames (over protocol.MaxSmallFrame) of a connection in a
+	// run of refused frames are decoded holding a slot of it, or refused
+	// when none is free (ws.go, onMessage): never closed.
+	bigFrames chan struct{}
 
 	// The WebSocket connections by their socket, for onWritten: *nbio.Conn
 	// → *client, from the upgrade to onClose.
@@ -227,6 +231,7 @@ func New(cfg Config) (*Server, error) {
 
 		origins:     origins,
 		userPending: make(map[string]int),
+		bigFrames:   make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2)),
 	}
 	s.metrics = newMetrics(cfg.Registry)
 	if c, ok := cfg.Store.(store.MetricsSource); ok {

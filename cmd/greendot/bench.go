@@ -57,6 +57,9 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "abuse" {
 		return benchAbuse(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == abuseBystanderCmd {
+		return benchAbuseBystander(args[1:], stderr)
+	}
 	var (
 		o       loadgen.Options
 		target  string

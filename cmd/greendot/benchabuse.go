@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -31,7 +32,9 @@ and idle sockets that never send a byte. A bystander heartbeats throughout.
 Prints, per flood, the node's CPU, its highest RSS and the bystander's
 heartbeat ack p99. Without --url it starts a node of its own (this binary,
 memory store, dev mode, a random --api-key) and reads its peak RSS from
-/proc.
+/proc. The bystander runs in a process of its own (this binary), so its
+acks are not delayed by the floods' goroutines; --bystander-inline runs it
+among them, as before.
 
 flags:
 `
@@ -51,6 +54,7 @@ func benchAbuse(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.JWTSecret, "jwt-secret", "", "the node's --jwt-secret, to sign tokens; or GREENDOT_JWT_SECRET (unset: dev mode)")
 	floods := fs.String("floods", "", "comma-separated floods to run, of "+strings.Join(loadgen.AbusePhases(), ",")+"; empty: all")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	inline := fs.Bool("bystander-inline", false, "run the bystander in this process, among the floods (its acks then wait on their goroutines too)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -80,6 +84,14 @@ func benchAbuse(args []string, stdout, stderr io.Writer) error {
 		defer stopNode()
 		o.URL, o.PID, nodeLog = url, pid, log
 	}
+	if !*inline {
+		by, stopBy, err := startBystander(ctx, o.URL, o.JWTSecret)
+		if err != nil {
+			return err
+		}
+		defer stopBy()
+		o.Bystander = by
+	}
 	res, err := loadgen.Abuse(ctx, o)
 	if res != nil && nodeLog != nil {
 		out := nodeLog.String()
@@ -94,6 +106,76 @@ func benchAbuse(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return err
+}
+
+// abuseBystanderCmd is the hidden `greendot bench` subcommand that runs the
+// abuse bench's bystander: loadgen.ServeBystander on stdin and stdout.
+const abuseBystanderCmd = "abuse-bystander"
+
+func benchAbuseBystander(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench "+abuseBystanderCmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	url := fs.String("url", "", "the node, http://host:port")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	// The secret comes in the environment, not on a command line others can read.
+	return loadgen.ServeBystander(context.Background(), *url, os.Getenv("GREENDOT_JWT_SECRET"), os.Stdin, os.Stdout)
+}
+
+// childBystander is a loadgen.Bystander in a child process (this binary):
+// a line on its stdin asks for the phase's figures, one line back holds them.
+type childBystander struct {
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+func (b *childBystander) Mark() (loadgen.BystanderStats, error) {
+	if _, err := io.WriteString(b.in, "mark\n"); err != nil {
+		return loadgen.BystanderStats{}, fmt.Errorf("bench abuse: the bystander process: %w", err)
+	}
+	line, err := b.out.ReadBytes('\n')
+	if err != nil {
+		return loadgen.BystanderStats{}, fmt.Errorf("bench abuse: the bystander process: %w", err)
+	}
+	return loadgen.DecodeBystanderStats(line)
+}
+
+// startBystander starts the bystander's process and waits for its first
+// answer, which says it is connected. stop ends it and waits.
+func startBystander(ctx context.Context, url, jwtSecret string) (loadgen.Bystander, func(), error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench abuse: %w", err)
+	}
+	cmd := exec.Command(exe, "bench", abuseBystanderCmd, "--url", url)
+	cmd.Env = append(os.Environ(), "GREENDOT_JWT_SECRET="+jwtSecret)
+	var errOut lockedBuffer
+	cmd.Stderr = &errOut
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench abuse: %w", err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench abuse: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("bench abuse: start the bystander: %w", err)
+	}
+	// Closing stdin ends it; a kill backs that up if ctx ends first.
+	stop := context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() })
+	b := &childBystander{in: in, out: bufio.NewReader(out)}
+	end := func() {
+		_ = in.Close()
+		_ = cmd.Wait()
+		stop()
+	}
+	if _, err := b.Mark(); err != nil {
+		end()
+		return nil, nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(errOut.String()))
+	}
+	return b, end, nil
 }
 
 // startAbuseNode runs `greendot serve` (this binary) on a free port of
