@@ -1,0 +1,135 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+)
+
+// snapshot lists the users sharing a team with user, present or not (the
+// versions of offline users let the outbox drop what the snapshot covers),
+// and the members of each team.
+func (s *Server) snapshot(ctx context.Context, user string, teams []string) ([]presence.Presence, map[string][]string, error) {
+	members, err := s.teamMembers(ctx, teams)
+	if err != nil {
+		return nil, nil, err
+	}
+	ps, err := s.readWholeStates(ctx, union(members, user))
+	return ps, members, err
+}
+
+// teamStates reads the state of every member of team, whole (see
+// readWholeStates).
+func (s *Server) teamStates(ctx context.Context, team string) ([]presence.Presence, error) {
+	members, err := s.teamMembers(ctx, []string{team})
+	if err != nil {
+		return nil, err
+	}
+	return s.readWholeStates(ctx, members[team])
+}
+
+// readWholeStates is readStates, refused with store.ErrRecovering while the
+// store could miss users after a data loss (store.LossGuard): a snapshot or
+// a resync would take them for offline.
+func (s *Server) readWholeStates(ctx context.Context, users []string) ([]presence.Presence, error) {
+	g, ok := s.store.(store.LossGuard)
+	if !ok || len(users) == 0 {
+		return s.readStates(ctx, users)
+	}
+	var ps []presence.Presence
+	err := s.timed(store.OpQuery, func() error {
+		var err error
+		ps, err = g.WholeStates(ctx, users)
+		return err
+	})
+	return ps, err
+}
+
+// readStates reads the states and versions of users (all a snapshot needs).
+func (s *Server) readStates(ctx context.Context, users []string) ([]presence.Presence, error) {
+	if len(users) == 0 {
+		return nil, nil
+	}
+	var ps []presence.Presence
+	err := s.timed(store.OpQuery, func() error {
+		var err error
+		if st, ok := s.store.(store.StateReader); ok {
+			ps, err = st.States(ctx, users)
+		} else {
+			ps, err = s.store.Presence(ctx, users)
+		}
+		return err
+	})
+	return ps, err
+}
+
+// teamMembers reads the members of each team: in one batched read when the
+// store offers one (store.MembersBatcher) and there are several.
+func (s *Server) teamMembers(ctx context.Context, teams []string) (map[string][]string, error) {
+	out := make(map[string][]string, len(teams))
+	if b, ok := s.store.(store.MembersBatcher); ok && len(teams) > 1 {
+		var all [][]string
+		err := s.timed(store.OpQuery, func() error {
+			var err error
+			all, err = b.MembersOfMany(ctx, teams)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for i, t := range teams {
+			out[t] = all[i]
+		}
+		return out, nil
+	}
+	for _, t := range teams {
+		var members []string
+		err := s.timed(store.OpQuery, func() error {
+			var err error
+			members, err = s.store.Members(ctx, t)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		out[t] = members
+	}
+	return out, nil
+}
+
+// visibleUsers is the union of the members of teams, without self.
+func (s *Server) visibleUsers(ctx context.Context, teams []string, self string) ([]string, error) {
+	members, err := s.teamMembers(ctx, teams)
+	if err != nil {
+		return nil, err
+	}
+	return union(members, self), nil
+}
+
+// union lists every member of every team once, without self.
+func union(members map[string][]string, self string) []string {
+	seen := make(map[string]struct{})
+	var out []string
+	for _, ms := range members {
+		for _, m := range ms {
+			if _, dup := seen[m]; dup || m == self {
+				continue
+			}
+			seen[m] = struct{}{}
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (s *Server) timed(op string, f func() error) error {
+	start := time.Now()
+	err := f()
+	s.metrics.storeLatency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.storeErrors.WithLabelValues(op).Inc()
+	}
+	return err
+}
