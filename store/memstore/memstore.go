@@ -41,12 +41,17 @@ type Store struct {
 	obs      store.Observer
 	onChange func(store.PresenceEvent)
 
-	mu      sync.Mutex
-	tracker *presence.Tracker
-	teams   map[string]map[string]struct{} // team → members
-	userOf  map[string]map[string]struct{} // user → teams
-	sorted  map[string][]string            // team → members sorted, cached until the team changes
-	infos   map[string]map[string][]byte   // team → member → user_info
+	// memberMu serialises membership changes, each held until its event is
+	// handled: the event's view of the user's teams (memberView) then reads
+	// userOf as it was right after the change, without mu (a handler must
+	// not wait for mu: a transition holds it while it waits for emitMu).
+	memberMu sync.Mutex
+	mu       sync.Mutex
+	tracker  *presence.Tracker
+	teams    map[string]map[string]struct{} // team → members
+	userOf   map[string]map[string]struct{} // user → teams
+	sorted   map[string][]string            // team → members sorted, cached until the team changes
+	infos    map[string]map[string][]byte   // team → member → user_info
 
 	countsTTL time.Duration
 	counts    map[string]int // this node's channel counts, > 0 only
@@ -330,6 +335,8 @@ func (s *Store) MemberInfos(_ context.Context, team string, users []string) ([][
 }
 
 func (s *Store) membership(team, user string, join bool) error {
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
 	s.mu.Lock()
 	members := s.teams[team]
 	_, isMember := members[user]
@@ -366,7 +373,7 @@ func (s *Store) membership(team, user string, join bool) error {
 	p := s.tracker.Presence(user)
 	ev := store.MembershipEvent{
 		Team: team, UserID: user, Joined: join,
-		UserTeams: sortedKeys(s.userOf[user]),
+		UserTeams: memberView{s, user},
 		State:     p.State, Version: p.Version, Presence: &p,
 	}
 	s.emitMu.Lock()
@@ -425,6 +432,28 @@ func (s *Store) transition(op string, apply func(now time.Time) (presence.Outcom
 		s.obs.ObserveOutcome(op, out, time.Since(start))
 	}
 	return nil
+}
+
+// memberView is a membership event's view of its user's teams: read from
+// userOf while the change's memberMu is held (only membership writes
+// userOf, under memberMu and mu), so O(1) per team asked however many teams
+// the user is in.
+type memberView struct {
+	s    *Store
+	user string
+}
+
+func (v memberView) In(_ context.Context, teams []string) ([]bool, error) {
+	out := make([]bool, len(teams))
+	mine := v.s.userOf[v.user]
+	for i, t := range teams {
+		_, out[i] = mine[t]
+	}
+	return out, nil
+}
+
+func (v memberView) List(context.Context) ([]string, error) {
+	return sortedKeys(v.s.userOf[v.user]), nil
 }
 
 func sortedKeys(m map[string]struct{}) []string {
