@@ -123,7 +123,7 @@ func (h *hub) applyMissedMembership(team string, truth []presence.Presence, gens
 	h.mu.RLock()
 	for lu := range h.byTeam[team] {
 		if _, ok := members[lu.id]; !ok && gens[lu] == lu.gen {
-			missed = append(missed, store.MembershipEvent{Team: team, UserID: lu.id, UserTeams: teamsBut(lu.teams, team)})
+			missed = append(missed, store.MembershipEvent{Team: team, UserID: lu.id, UserTeams: store.TeamList(teamsBut(lu.teams, team))})
 		}
 	}
 	for id, p := range members {
@@ -133,7 +133,7 @@ func (h *hub) applyMissedMembership(team string, truth []presence.Presence, gens
 		}
 		if _, ok := lu.teams[team]; !ok {
 			missed = append(missed, store.MembershipEvent{Team: team, UserID: id, Joined: true, State: p.State, Version: p.Version,
-				UserTeams: append(teamsBut(lu.teams, team), team)})
+				UserTeams: store.TeamList(append(teamsBut(lu.teams, team), team))})
 		}
 	}
 	h.mu.RUnlock()

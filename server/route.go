@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"iter"
 	"time"
 
 	"github.com/greendot/greendot/presence"
@@ -92,18 +93,30 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	if h.srv.px != nil {
 		h.srv.px.teamMembership(ev)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), membershipReadTimeout)
+	defer cancel()
 	var leftViews map[string]uint64 // the subject left: what its members held
+	st := subjectTeams{in: make(map[string]bool)}
 	h.mu.Lock()
-	// others: the subject's other teams through which a viewer sees them
-	// unwatched, the small ones; allOthers for a viewer who watches them.
-	others := make(map[string]struct{}, len(ev.UserTeams))
-	allOthers := make(map[string]struct{}, len(ev.UserTeams))
-	for _, t := range ev.UserTeams {
-		if t != ev.Team {
-			allOthers[t] = struct{}{}
-			if !h.large[t] {
-				others[t] = struct{}{}
-			}
+	// Which of the viewers' other teams the subject is in, read from the
+	// event's view without the lock (on Redis a round trip when the subject
+	// is in many teams): the viewers' teams are few, the subject's may be
+	// thousands. The index may move meanwhile: asked until nothing is
+	// missing.
+	for {
+		list, ask := h.unknownLocked(ev, &st)
+		if !list && len(ask) == 0 {
+			break
+		}
+		h.mu.Unlock()
+		err := st.read(ctx, ev.UserTeams, list, ask)
+		h.mu.Lock()
+		if err != nil {
+			// Taken for no other team: a viewer is hidden rather than left
+			// to hear a user it may no longer share a team with.
+			h.srv.log.Warn("membership: the user's teams", "err", err)
+			st.failed = true
+			break
 		}
 	}
 	large := h.large[ev.Team]
@@ -115,6 +128,27 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		watching[c] = struct{}{}
 	}
 	subject := h.users[ev.UserID]
+	// others: the subject's other teams through which it sees members
+	// unwatched, the small ones, for its own catch-up (listed when local).
+	var others map[string]struct{}
+	if subject != nil && !large {
+		others = make(map[string]struct{}, len(st.all))
+		for _, t := range st.all {
+			if t != ev.Team && !h.large[t] {
+				others[t] = struct{}{}
+			}
+		}
+	}
+	// sharesOther: lu shares with the subject a team other than ev.Team
+	// through which it sees them: a small one, or any when it watches them.
+	sharesOther := func(lu *localUser, watches bool) bool {
+		for t := range lu.teams {
+			if t != ev.Team && st.in[t] && (watches || !h.large[t]) {
+				return true
+			}
+		}
+		return false
+	}
 	if subject != nil && subject.teams != nil {
 		subject.gen++
 		_, member := subject.teams[ev.Team]
@@ -158,31 +192,11 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			h.views.read(ev.Team, shown, false)
 		}
 	}
-	// The viewers told: in a large team, only the subject's watchers.
-	viewers := func(yield func(*localUser, *client) bool) {
-		if large {
-			for _, c := range h.watch.watchersOf(ev.UserID) {
-				if lu := h.users[c.user]; lu != nil {
-					if _, in := h.byTeam[ev.Team][lu]; in && !yield(lu, c) {
-						return
-					}
-				}
-			}
-			return
-		}
-		for lu := range h.byTeam[ev.Team] {
-			for _, c := range lu.conns {
-				if !yield(lu, c) {
-					return
-				}
-			}
-		}
-	}
-	for lu, c := range viewers {
-		if lu.id == ev.UserID || sharesSet(lu.teams, others) {
+	for lu, c := range h.viewersLocked(ev, large) {
+		if lu.id == ev.UserID || sharesOther(lu, false) {
 			continue // could see the subject already, and still can
 		}
-		if _, w := watching[c]; w && sharesSet(lu.teams, allOthers) {
+		if _, w := watching[c]; w && sharesOther(lu, true) {
 			continue // watches the subject, and still shares a team
 		}
 		if ev.Joined {
@@ -201,6 +215,104 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		// so done off the event path.
 		h.work.enqueue(func(ctx context.Context) { h.reconcileSubject(ctx, ev, others, leftViews) })
 	}
+}
+
+// membershipReadTimeout bounds a membership event's reads of its user's
+// teams (store.TeamsView).
+const membershipReadTimeout = 5 * time.Second
+
+// viewersLocked yields the local connections a membership event of team
+// ev.Team is about (the subject's among them): in a large team, only the
+// subject's watchers.
+func (h *hub) viewersLocked(ev store.MembershipEvent, large bool) iter.Seq2[*localUser, *client] {
+	return func(yield func(*localUser, *client) bool) {
+		if large {
+			for _, c := range h.watch.watchersOf(ev.UserID) {
+				if lu := h.users[c.user]; lu != nil {
+					if _, in := h.byTeam[ev.Team][lu]; in && !yield(lu, c) {
+						return
+					}
+				}
+			}
+			return
+		}
+		for lu := range h.byTeam[ev.Team] {
+			for _, c := range lu.conns {
+				if !yield(lu, c) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// subjectTeams is what a membership event's handler read of the subject's
+// teams after the change.
+type subjectTeams struct {
+	in     map[string]bool // team asked → the subject is a member; every team of theirs when listed
+	listed bool            // all is the subject's teams, all of them
+	all    []string
+	failed bool // a read failed: the teams not read count as not theirs
+}
+
+// unknownLocked says what OnMembership has yet to read of the subject's
+// teams: all of them (list) when the subject is connected here (its
+// catch-up needs them), else whether it is in each of the other teams of
+// the viewers (ask).
+func (h *hub) unknownLocked(ev store.MembershipEvent, st *subjectTeams) (list bool, ask []string) {
+	if st.failed || st.listed {
+		return false, nil
+	}
+	large := h.large[ev.Team]
+	if h.users[ev.UserID] != nil && !large {
+		return true, nil
+	}
+	asked := make(map[string]struct{})
+	for lu := range h.viewersLocked(ev, large) {
+		if lu.id == ev.UserID {
+			continue
+		}
+		for t := range lu.teams {
+			if t == ev.Team {
+				continue
+			}
+			if _, ok := st.in[t]; ok {
+				continue
+			}
+			if _, dup := asked[t]; !dup {
+				asked[t] = struct{}{}
+				ask = append(ask, t)
+			}
+		}
+	}
+	return false, ask
+}
+
+// read reads what unknownLocked asked of v (nil: the subject is in no team).
+func (st *subjectTeams) read(ctx context.Context, v store.TeamsView, list bool, ask []string) error {
+	if v == nil {
+		st.listed = true
+		return nil
+	}
+	if list {
+		teams, err := v.List(ctx)
+		if err != nil {
+			return err
+		}
+		st.listed, st.all = true, teams
+		for _, t := range teams {
+			st.in[t] = true
+		}
+		return nil
+	}
+	in, err := v.In(ctx, ask)
+	if err != nil {
+		return err
+	}
+	for i, t := range ask {
+		st.in[t] = in[i]
+	}
+	return nil
 }
 
 // reconcileSubject sends a user who joined a team the present members they
@@ -286,18 +398,6 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 			}
 		}
 	}
-}
-
-func sharesSet(a, b map[string]struct{}) bool {
-	if len(a) > len(b) {
-		a, b = b, a
-	}
-	for t := range a {
-		if _, ok := b[t]; ok {
-			return true
-		}
-	}
-	return false
 }
 
 func msTime(ms int64) time.Time {

@@ -182,7 +182,7 @@ func TestCopiesReachViewerOnceAcrossAJoin(t *testing.T) {
 				if err := mem.RemoveMember(ctx, "a0", "alice"); err != nil {
 					t.Fatal(err)
 				}
-				h.OnMembership(store.MembershipEvent{Team: "a0", UserID: "alice", UserTeams: []string{"t1"}})
+				h.OnMembership(store.MembershipEvent{Team: "a0", UserID: "alice", UserTeams: store.TeamList{"t1"}})
 			}
 			h.OnPresence(ev("t1", 2))
 			alice.mu.Lock()
@@ -242,7 +242,7 @@ func TestJoinEventOvertakenByAChange(t *testing.T) {
 		t.Fatalf("alice's outbox = %s, want %s", got, want)
 	}
 
-	h.OnMembership(store.MembershipEvent{Team: "t1", UserID: "bob", Joined: true, State: presence.Away, Version: 5, UserTeams: []string{"t0", "t1"}})
+	h.OnMembership(store.MembershipEvent{Team: "t1", UserID: "bob", Joined: true, State: presence.Away, Version: 5, UserTeams: store.TeamList{"t0", "t1"}})
 	alice.mu.Lock()
 	got = fmt.Sprint(alice.pending)
 	alice.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -155,16 +156,57 @@ type PresenceEvent struct {
 
 // MembershipEvent says a user joined or left a team.
 type MembershipEvent struct {
-	Team      string
-	UserID    string
-	Joined    bool
-	UserTeams []string // the user's teams after the change
+	Team   string
+	UserID string
+	Joined bool
+	// UserTeams tells the user's teams after the change. A user may be in
+	// thousands of teams, and a receiver mostly needs only whether the user
+	// is in the few teams of its viewers: the stores answer that without
+	// listing them. Valid only while OnMembership runs; nil = no team.
+	UserTeams TeamsView
 	State     presence.State
 	Version   uint64 // the user's current presence version
 	// Presence is the user's whole presence read with the change, when the
 	// store has it (its text and emoji reach the new teammates); nil else.
 	Presence *presence.Presence
 }
+
+// TeamsView answers, for a membership event's handler, what it needs to
+// know of the user's teams after the change. A store's view may read the
+// store (Redis: one round trip per call), and is valid only while the
+// handler runs.
+type TeamsView interface {
+	// In reports, for each of teams, whether the user is a member.
+	In(ctx context.Context, teams []string) ([]bool, error)
+	// List lists all of the user's teams: O(their number), for a handler
+	// that needs them all (the user is connected to its node).
+	List(ctx context.Context) ([]string, error)
+}
+
+// TeamList is a TeamsView of teams held: the user's teams, all of them.
+type TeamList []string
+
+// In implements TeamsView.
+func (l TeamList) In(_ context.Context, teams []string) ([]bool, error) {
+	out := make([]bool, len(teams))
+	if len(l)*len(teams) <= 1024 {
+		for i, t := range teams {
+			out[i] = slices.Contains(l, t)
+		}
+		return out, nil
+	}
+	set := make(map[string]struct{}, len(l))
+	for _, t := range l {
+		set[t] = struct{}{}
+	}
+	for i, t := range teams {
+		_, out[i] = set[t]
+	}
+	return out, nil
+}
+
+// List implements TeamsView.
+func (l TeamList) List(context.Context) ([]string, error) { return l, nil }
 
 // Watcher is implemented by shared stores whose events about a team reach a
 // node only once it asks for them. The server watches the teams of the users

@@ -41,12 +41,17 @@ type Store struct {
 	obs      store.Observer
 	onChange func(store.PresenceEvent)
 
-	mu      sync.Mutex
-	tracker *presence.Tracker
-	teams   map[string]map[string]struct{} // team → members
-	userOf  map[string]map[string]struct{} // user → teams
-	sorted  map[string][]string            // team → members sorted, cached until the team changes
-	infos   map[string]map[string][]byte   // team → member → user_info
+	// memberMu serialises membership changes, each held until its event is
+	// handled: the event's view of the user's teams (memberView) then reads
+	// userOf as it was right after the change, without mu (a handler must
+	// not wait for mu: a transition holds it while it waits for emitMu).
+	memberMu sync.Mutex
+	mu       sync.Mutex
+	tracker  *presence.Tracker
+	teams    map[string]map[string]struct{} // team → members
+	userOf   map[string]map[string]struct{} // user → teams
+	sorted   map[string][]string            // team → members sorted, cached until the team changes
+	infos    map[string]map[string][]byte   // team → member → user_info
 	// present holds each team's members counted present by its webhooks'
 	// member events, kept only for webhooks (onChange): one process orders
 	// every change, so the memory store tells exactly which change occupies
@@ -355,6 +360,8 @@ func (s *Store) MemberInfos(_ context.Context, team string, users []string) ([][
 }
 
 func (s *Store) membership(team, user string, join bool) error {
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
 	s.mu.Lock()
 	members := s.teams[team]
 	_, isMember := members[user]
@@ -394,7 +401,7 @@ func (s *Store) membership(team, user string, join bool) error {
 	}
 	ev := store.MembershipEvent{
 		Team: team, UserID: user, Joined: join,
-		UserTeams: sortedKeys(s.userOf[user]),
+		UserTeams: memberView{s, user},
 		State:     p.State, Version: p.Version, Presence: &p,
 	}
 	s.emitMu.Lock()
@@ -498,6 +505,28 @@ func (s *Store) uncount(team, user string) bool {
 	}
 	delete(s.present, team)
 	return true
+}
+
+// memberView is a membership event's view of its user's teams: read from
+// userOf while the change's memberMu is held (only membership writes
+// userOf, under memberMu and mu), so O(1) per team asked however many teams
+// the user is in.
+type memberView struct {
+	s    *Store
+	user string
+}
+
+func (v memberView) In(_ context.Context, teams []string) ([]bool, error) {
+	out := make([]bool, len(teams))
+	mine := v.s.userOf[v.user]
+	for i, t := range teams {
+		_, out[i] = mine[t]
+	}
+	return out, nil
+}
+
+func (v memberView) List(context.Context) ([]string, error) {
+	return sortedKeys(v.s.userOf[v.user]), nil
 }
 
 func sortedKeys(m map[string]struct{}) []string {

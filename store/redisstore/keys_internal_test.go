@@ -64,6 +64,7 @@ func newKeyGuard(t *testing.T, r *redistest.Server, sc scripts) *keyGuard {
 		"connect": sc.connect, "heartbeat": sc.heartbeat, "status": sc.status, "disconnect": sc.disconnect,
 		"sweep": sc.sweep, "beat": sc.beat, "presence": sc.presence, "reconcile": sc.reconcile,
 		"floor": sc.floor, "forget": sc.forget, "member_user": sc.memberUser, "member_team": sc.memberTeam,
+		"member_read": sc.memberRead,
 		"user_status": sc.userStatus, "px_set": sc.pxSet, "px_live": sc.pxLive, "px_drop": sc.pxDrop,
 		"occupancy": sc.occupancy, "px_info": sc.pxInfo,
 	} {

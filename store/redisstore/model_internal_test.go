@@ -177,6 +177,14 @@ func (e *modelEvents) OnMembership(ev store.MembershipEvent) {
 	if ev.Team == modelAll {
 		return
 	}
+	if ev.UserTeams != nil {
+		// The view is valid only while the handler runs: kept as listed.
+		teams, err := ev.UserTeams.List(context.Background())
+		if err != nil {
+			teams = []string{"error: " + err.Error()}
+		}
+		ev.UserTeams = store.TeamList(teams)
+	}
 	e.mu.Lock()
 	e.members = append(e.members, ev)
 	e.mu.Unlock()

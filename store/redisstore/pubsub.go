@@ -309,7 +309,7 @@ func (sb *subscriber) dispatch(msg *redis.Message) {
 			return
 		}
 		h.OnMembership(store.MembershipEvent{Team: m.Team, UserID: m.User, Joined: m.Joined,
-			UserTeams: m.Teams, State: presence.State(m.State), Version: m.Version, Presence: m.shownPresence()})
+			UserTeams: memberView{sb.s, m.User, m.Teams, m.Many}, State: presence.State(m.State), Version: m.Version, Presence: m.shownPresence()})
 		return
 	}
 	var m changeMsg

@@ -23,7 +23,7 @@ var luaFiles embed.FS
 // also reach the keys of users they find in the shard (prelude.lua).
 type scripts struct {
 	connect, heartbeat, status, disconnect, sweep, beat, presence, reconcile *redis.Script
-	memberUser, memberTeam                                                   *redis.Script
+	memberUser, memberTeam, memberRead                                       *redis.Script
 	floor                                                                    *redis.Script
 	userStatus                                                               *redis.Script // set_status
 
@@ -49,6 +49,7 @@ func loadScripts(whMax int) scripts {
 		userStatus: s("user_status"),
 		memberUser: redis.NewScript(mustRead("member_user")),
 		memberTeam: redis.NewScript(mustRead("member_team")),
+		memberRead: redis.NewScript(mustRead("member_read")),
 		pxSet:      redis.NewScript(mustRead("px_set")),
 		pxLive:     redis.NewScript(mustRead("px_live")),
 		pxDrop:     redis.NewScript(mustRead("px_drop")),

@@ -224,12 +224,15 @@ func (s *Store) Members(ctx context.Context, team string) ([]string, error) {
 
 // membershipMsg is a membership event on the wire between nodes.
 type membershipMsg struct {
-	Team    string   `json:"team"`
-	User    string   `json:"user"`
-	Joined  bool     `json:"joined"`
-	Teams   []string `json:"teams"`
-	State   int      `json:"s"`
-	Version uint64   `json:"v"`
+	Team   string   `json:"team"`
+	User   string   `json:"user"`
+	Joined bool     `json:"joined"`
+	Teams  []string `json:"teams"` // the user's teams, when Many is not set
+	// Many: the user is in more than maxListedTeams teams, not listed;
+	// receivers ask Redis about the teams they need (memberView).
+	Many    bool   `json:"many,omitempty"`
+	State   int    `json:"s"`
+	Version uint64 `json:"v"`
 	// MV is the user's membership version when Teams was read: of two
 	// events about one membership, the one with the higher MV is the newer.
 	MV uint64 `json:"mv,omitempty"`
@@ -250,6 +253,50 @@ func (m membershipMsg) shownPresence() *presence.Presence {
 		Status: presence.Status{Text: m.Text, Emoji: m.Emoji, ExpiresAt: msTime(m.ExpiresAt)}}
 }
 
+// maxListedTeams bounds the teams a membership message lists: a user may be
+// in thousands, and reading and publishing them all to every node made each
+// change cost O(the user's teams). Most users are in few, and their message
+// still carries them, read with the change.
+const maxListedTeams = 100
+
+// memberView is a membership event's view of its user's teams: the list the
+// message carried, or else Redis, read when asked (after the change, and
+// possibly after later ones: a receiver then decides on a newer state,
+// whose own events follow).
+type memberView struct {
+	s     *Store
+	user  string
+	teams []string // nil with many
+	many  bool
+}
+
+func (v memberView) In(ctx context.Context, teams []string) ([]bool, error) {
+	if !v.many {
+		return store.TeamList(v.teams).In(ctx, teams)
+	}
+	out := make([]bool, len(teams))
+	if len(teams) == 0 {
+		return out, nil
+	}
+	args := make([]any, len(teams))
+	for i, t := range teams {
+		args[i] = t
+	}
+	in, err := v.s.rdb.SMIsMember(ctx, userTeamsKey(v.user), args...).Result()
+	if err != nil || len(in) != len(teams) {
+		return nil, v.s.failed(store.OpQuery, fmt.Errorf("redisstore: teams of: %w", errors.Join(ErrUnavailable, err)))
+	}
+	copy(out, in)
+	return out, nil
+}
+
+func (v memberView) List(ctx context.Context) ([]string, error) {
+	if !v.many {
+		return v.teams, nil
+	}
+	return v.s.TeamsOf(ctx, v.user)
+}
+
 // membershipChannel is one sharded channel, so membership events reach every
 // node in the order they were published.
 const membershipChannel = "gd:{members}:ev"
@@ -259,31 +306,31 @@ const membershipChannel = "gd:{members}:ev"
 const maxMembershipPublishes = 16
 
 // publishMembership publishes the membership as the user's side holds it,
-// read in one step with the user's other teams, not as the call asked: two
-// calls racing on one membership may publish in the opposite order of their
-// writes. After publishing, the user's teams are read again and, if they
-// changed meanwhile, published again. Every call that changes the teams
-// publishes after its write, so the event published last, whoever sends
-// it, tells the final state.
+// read in one step with the user's other teams (when few), not as the call
+// asked: two calls racing on one membership may publish in the opposite
+// order of their writes. After publishing, the membership (and the teams
+// listed) is read again and, if it changed meanwhile, published again.
+// Every call that changes the teams publishes after its write, so the event
+// published last, whoever sends it, tells the final state.
 func (s *Store) publishMembership(ctx context.Context, team, user string) error {
-	teams, mv, err := s.readMembership(ctx, user)
+	m, err := s.readMembership(ctx, team, user)
 	for round := 0; err == nil && round < maxMembershipPublishes; round++ {
 		var ps []presence.Presence
 		if ps, err = s.Presence(ctx, []string{user}); err != nil {
 			return err
 		}
 		l := ps[0].Look()
-		b, _ := json.Marshal(membershipMsg{Team: team, User: user, Joined: slices.Contains(teams, team),
-			Teams: teams, State: int(ps[0].State), Version: ps[0].Version, MV: mv,
+		b, _ := json.Marshal(membershipMsg{Team: team, User: user, Joined: m.in,
+			Teams: m.teams, Many: m.many, State: int(ps[0].State), Version: ps[0].Version, MV: m.mv,
 			Text: l.Text, Emoji: l.Emoji, ExpiresAt: l.ExpiresAt, Since: unixMS(ps[0].Since), LastSeen: l.LastSeen})
 		if err := s.rdb.SPublish(ctx, membershipChannel, b).Err(); err != nil {
 			return s.failed(store.OpMembership, fmt.Errorf("redisstore: publish membership: %w", errors.Join(ErrUnavailable, err)))
 		}
-		var now []string
-		if now, mv, err = s.readMembership(ctx, user); err == nil && slices.Equal(now, teams) {
+		var now membershipRead
+		if now, err = s.readMembership(ctx, team, user); err == nil && now.same(m) {
 			return nil
 		}
-		teams = now
+		m = now
 	}
 	if err == nil {
 		s.log.Warn("membership kept changing while published", "team", team)
@@ -291,26 +338,43 @@ func (s *Store) publishMembership(ctx context.Context, team, user string) error 
 	return err
 }
 
-// readMembership reads the user's teams, sorted, and membership version in
-// one step.
-func (s *Store) readMembership(ctx context.Context, user string) ([]string, uint64, error) {
-	var teams *redis.StringSliceCmd
-	var mv *redis.StringCmd
-	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		teams = p.SMembers(ctx, userTeamsKey(user))
-		mv = p.Get(ctx, userMVKey(user))
-		return nil
-	})
-	if err != nil && err != redis.Nil {
-		return nil, 0, s.failed(store.OpMembership, fmt.Errorf("redisstore: read membership: %w", errors.Join(ErrUnavailable, err)))
+// membershipRead is a user's membership of one team, read in one step with
+// the user's teams when they are at most maxListedTeams (else many), and
+// the user's membership version.
+type membershipRead struct {
+	in    bool
+	teams []string // sorted; nil with many
+	many  bool
+	mv    uint64
+}
+
+func (m membershipRead) same(o membershipRead) bool {
+	return m.in == o.in && m.many == o.many && slices.Equal(m.teams, o.teams)
+}
+
+// readMembership reads user's membership of team in one step
+// (member_read.lua): O(1) for a user in more than maxListedTeams teams.
+func (s *Store) readMembership(ctx context.Context, team, user string) (membershipRead, error) {
+	r, err := run(ctx, s.rdb, s.sc.memberRead, []string{userTeamsKey(user), userMVKey(user)}, team, maxListedTeams)
+	reply, _ := r.([]any)
+	if err == nil && len(reply) != 3 {
+		err = fmt.Errorf("unexpected reply %v", r)
 	}
-	ts := teams.Val()
-	sort.Strings(ts)
-	if len(ts) == 0 {
-		ts = nil
+	if err != nil {
+		return membershipRead{}, s.failed(store.OpMembership, fmt.Errorf("redisstore: read membership: %w", errors.Join(ErrUnavailable, err)))
 	}
-	v, _ := strconv.ParseUint(mv.Val(), 10, 64)
-	return ts, v, nil
+	m := membershipRead{in: toInt(reply[0]) == 1}
+	m.mv, _ = strconv.ParseUint(toString(reply[1]), 10, 64)
+	if list, ok := reply[2].([]any); !ok {
+		m.many = true
+	} else if len(list) > 0 {
+		m.teams = make([]string, len(list))
+		for i, t := range list {
+			m.teams[i] = toString(t)
+		}
+		sort.Strings(m.teams)
+	}
+	return m, nil
 }
 
 // changeMsg is a presence change on a team channel.

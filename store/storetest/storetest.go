@@ -65,6 +65,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"TeamsOfMany", testTeamsOfMany},
 		{"MembersOfMany", testMembersOfMany},
 		{"MembershipEvents", testMembershipEvents},
+		{"MembershipEventsOfManyTeams", testMembershipEventsOfManyTeams},
 		{"ConcurrentMembership", testConcurrentMembership},
 		{"ChangeCarriesTeams", testChangeCarriesTeams},
 		{"VersionsIncrease", testVersionsIncrease},
@@ -115,6 +116,12 @@ type harness struct {
 	changes     []presence.Change
 	teamsOf     map[string][]string // teams carried by the last change of each user
 	memberships []store.MembershipEvent
+	// memberTeams[i] is what memberships[i]'s view listed while its
+	// handler ran (the view is valid only then); probed[i], its answers
+	// for probe.
+	memberTeams [][]string
+	probe       []string
+	probed      [][]bool
 	statuses    []presence.StatusChange
 }
 
@@ -175,9 +182,30 @@ func (h *harness) OnMembership(ev store.MembershipEvent) {
 	if ev.Team == Everyone {
 		return
 	}
+	var teams []string
+	var in []bool
+	var err error
+	if ev.UserTeams != nil {
+		if teams, err = ev.UserTeams.List(h.ctx); err != nil {
+			h.t.Errorf("event %+v: list: %v", ev, err)
+		}
+	}
+	h.mu.Lock()
+	probe := h.probe
+	h.mu.Unlock()
+	if probe != nil {
+		in = make([]bool, len(probe))
+		if ev.UserTeams != nil {
+			if in, err = ev.UserTeams.In(h.ctx, probe); err != nil {
+				h.t.Errorf("event %+v: in: %v", ev, err)
+			}
+		}
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.memberships = append(h.memberships, ev)
+	h.memberTeams = append(h.memberTeams, teams)
+	h.probed = append(h.probed, in)
 }
 
 func (h *harness) connect(id, user, device string) {
@@ -450,8 +478,8 @@ func testMembershipEvents(t *testing.T, h *harness) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		var got []string
-		for _, m := range h.memberships {
-			got = append(got, fmt.Sprintf("%s %s %v %v %s v%d", m.Team, m.UserID, m.Joined, m.UserTeams, m.State, m.Version))
+		for i, m := range h.memberships {
+			got = append(got, fmt.Sprintf("%s %s %v %v %s v%d", m.Team, m.UserID, m.Joined, h.memberTeams[i], m.State, m.Version))
 		}
 		want := []string{
 			fmt.Sprintf("t1 bob true [everyone t1] online v%d", v),
@@ -460,6 +488,40 @@ func testMembershipEvents(t *testing.T, h *harness) {
 		}
 		if !slices.Equal(got, want) {
 			return fmt.Errorf("membership events = %q, want %q", got, want)
+		}
+		return nil
+	})
+}
+
+// testMembershipEventsOfManyTeams: a membership event of a user in many
+// teams (more than a shared store lists in its messages) still tells, while
+// it is handled, which teams the user is in, asked one by one or listed.
+func testMembershipEventsOfManyTeams(t *testing.T, h *harness) {
+	const n = 150
+	team := func(i int) string { return fmt.Sprintf("m%03d", i) }
+	for i := range n {
+		mustDo(t, h.s.AddMember(h.ctx, team(i), "bob"))
+	}
+	h.mu.Lock()
+	h.probe = []string{team(0), team(1), team(n - 1), "nope"}
+	h.mu.Unlock()
+	mustDo(t, h.s.RemoveMember(h.ctx, team(0), "bob"))
+	checkFor(t, 2*time.Second, func() error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		i := len(h.memberships) - 1
+		if i < 0 || h.memberships[i].Team != team(0) || h.memberships[i].Joined || h.probed[i] == nil {
+			return fmt.Errorf("no removal event yet (%d events)", len(h.memberships))
+		}
+		if want := []bool{false, true, true, false}; !slices.Equal(h.probed[i], want) {
+			return fmt.Errorf("in %v: %v, want %v", h.probe, h.probed[i], want)
+		}
+		want := make([]string, 0, n-1)
+		for j := 1; j < n; j++ {
+			want = append(want, team(j))
+		}
+		if !slices.Equal(h.memberTeams[i], want) {
+			return fmt.Errorf("listed %d teams %v…, want %d", len(h.memberTeams[i]), h.memberTeams[i][:min(3, len(h.memberTeams[i]))], len(want))
 		}
 		return nil
 	})
@@ -520,8 +582,8 @@ func concurrentMembership(t *testing.T, h *harness, add, remove store.Teams) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		last := make(map[[2]string]bool)
-		for _, m := range h.memberships {
-			if m.Joined != slices.Contains(m.UserTeams, m.Team) {
+		for i, m := range h.memberships {
+			if m.Joined != slices.Contains(h.memberTeams[i], m.Team) {
 				return fmt.Errorf("event %+v: joined disagrees with the user's teams", m)
 			}
 			last[[2]string{m.UserID, m.Team}] = m.Joined
