@@ -159,22 +159,32 @@ func (t *Tracker) Advance(now time.Time) Outcome {
 	for _, u := range expired {
 		t.settleLocked(now, u, &out)
 	}
-	for t.graces.Len() > 0 && !t.graces.peek().at.After(now) {
-		d := heap.Pop(&t.graces).(deadline)
-		u, ok := t.users[d.key]
-		if !ok || u.graceUntil.IsZero() || u.graceUntil.After(now) || len(u.conns) > 0 {
-			continue // cancelled, or re-entered grace later
+	// Grace ends and status expiries in the order they fell due (a grace
+	// end first on a tie), as the Redis store's sweep takes them: a user
+	// whose grace and status both ended since the last sweep is published
+	// as the clock went.
+	for {
+		graceDue := t.graces.Len() > 0 && !t.graces.peek().at.After(now)
+		statusDue := t.expires.Len() > 0 && !t.expires[0].status.ExpiresAt.After(now)
+		if !graceDue && !statusDue {
+			break
 		}
-		u.graceUntil = time.Time{}
-		t.publishIfChanged(now, d.key, u, &out)
-	}
-	// Only users offline with no connection are queued (a connect removes
-	// its user's entry), so whatever is due goes.
-	for t.expires.Len() > 0 && !t.expires[0].status.ExpiresAt.After(now) {
+		if graceDue && (!statusDue || !t.graces.peek().at.After(t.expires[0].status.ExpiresAt)) {
+			d := heap.Pop(&t.graces).(deadline)
+			u, ok := t.users[d.key]
+			if !ok || u.graceUntil.IsZero() || u.graceUntil.After(now) || len(u.conns) > 0 {
+				continue // cancelled, or re-entered grace later
+			}
+			u.graceUntil = time.Time{}
+			t.publishIfChanged(now, d.key, u, &out)
+			continue
+		}
 		u := t.expires[0]
 		t.setStatusLocked(now, u, Status{}, &out) // takes u out of the queue
 		out.StatusesExpired++
 	}
+	// Only users offline with no connection are queued (a connect removes
+	// its user's entry), so whatever is due goes.
 	for t.forgets.Len() > 0 && !t.forgets[0].forgetAt.After(now) {
 		u := heap.Pop(&t.forgets).(*userEntry)
 		if u.expireIdx >= 0 {

@@ -206,8 +206,19 @@ func (sb *subscriber) dropLocked(ch string) {
 // sync returns once every subscription of this node is in place in Redis,
 // after any subscriptions go-redis re-established were confirmed (and so
 // counted): a probe channel is subscribed on each subscription connection,
-// behind them, and its confirmation waited for.
+// behind them, and its confirmation waited for. Twice: a probe asked for
+// while go-redis is still reconnecting goes out in the same command as the
+// channels it re-subscribes, in no set order, so its confirmation may come
+// before theirs; the second probe is sent on the connection the first one
+// was confirmed on, after that command.
 func (sb *subscriber) sync(ctx context.Context) error {
+	if err := sb.probe(ctx); err != nil {
+		return err
+	}
+	return sb.probe(ctx)
+}
+
+func (sb *subscriber) probe(ctx context.Context) error {
 	sb.mu.Lock()
 	probes := map[string]*redis.PubSub{"gd:{members}:sync:" + sb.s.cfg.Node: sb.members}
 	for b, ps := range sb.shards {

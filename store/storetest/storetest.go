@@ -70,6 +70,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"ChangeCarriesTeams", testChangeCarriesTeams},
 		{"VersionsIncrease", testVersionsIncrease},
 		{"UserStatus", testUserStatus},
+		{"StatusExpiryBeforeGraceEnd", testStatusExpiryBeforeGraceEnd},
 		{"StatusOfAnOfflineUser", testStatusOfAnOfflineUser},
 		{"Broadcast", testBroadcast},
 		{"ChannelCounts", testChannelCounts},

@@ -77,28 +77,35 @@ for i = 1, #late, 2 do
 end
 settle_all(overdue, grace, out)
 
--- Statuses whose expiry has come: each is reset to auto, once, by the one
--- sweep that claims it here.
-for _, user in ipairs(redis.call('ZRANGEBYSCORE', ST, '-inf', NOW_MS, 'LIMIT', 0, limit)) do
-  redis.call('ZREM', ST, user)
-  local uk = found_user(user)
-  local ex = num(redis.call('HGET', uk.u, 'ex'))
-  if ex > 0 and ex <= NOW_MS then
-    set_status(uk, 0, '', '', 0, out)
-    out.sx = out.sx + 1
-  end
-end
-
--- Graces that are over.
-local ends = redis.call('ZRANGEBYSCORE', GRACE, '-inf', NOW_MS, 'LIMIT', 0, limit)
-for _, user in ipairs(ends) do
-  redis.call('ZREM', GRACE, user)
-  local uk = found_user(user)
-  local u = uk.u
-  local g = redis.call('HGET', u, 'grace')
-  if g and tonumber(g) <= NOW_MS and redis.call('HLEN', uk.uc) == 0 then
-    redis.call('HDEL', u, 'grace')
-    publish_if_changed(uk, out)
+-- Graces that are over, and statuses whose expiry has come (each reset to
+-- auto, once, by the one sweep that claims it here), in the order they fell
+-- due, a grace end first on a tie: as the tracker takes them, so a user
+-- whose grace and status both ended since the last sweep is published as
+-- the clock went.
+local ends = redis.call('ZRANGEBYSCORE', GRACE, '-inf', NOW_MS, 'WITHSCORES', 'LIMIT', 0, limit)
+local sts = redis.call('ZRANGEBYSCORE', ST, '-inf', NOW_MS, 'WITHSCORES', 'LIMIT', 0, limit)
+local gi, si = 1, 1
+while gi <= #ends or si <= #sts do
+  if gi <= #ends and (si > #sts or tonumber(ends[gi + 1]) <= tonumber(sts[si + 1])) then
+    local user = ends[gi]
+    gi = gi + 2
+    redis.call('ZREM', GRACE, user)
+    local uk = found_user(user)
+    local g = redis.call('HGET', uk.u, 'grace')
+    if g and tonumber(g) <= NOW_MS and redis.call('HLEN', uk.uc) == 0 then
+      redis.call('HDEL', uk.u, 'grace')
+      publish_if_changed(uk, out)
+    end
+  else
+    local user = sts[si]
+    si = si + 2
+    redis.call('ZREM', ST, user)
+    local uk = found_user(user)
+    local ex = num(redis.call('HGET', uk.u, 'ex'))
+    if ex > 0 and ex <= NOW_MS then
+      set_status(uk, 0, '', '', 0, out)
+      out.sx = out.sx + 1
+    end
   end
 end
 return swept()
