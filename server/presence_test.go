@@ -449,3 +449,35 @@ func TestGraceEndsWithoutWaitingForTheTick(t *testing.T) {
 	ann.close()
 	ben.expectChanges(5*time.Second, "ann=offline")
 }
+
+// A user in more teams than the team they join has members: the joiner's
+// catch-up reads the members' teams instead of every other team's members,
+// and still sends only those it could not see before (dave), not those it
+// sees through another team (carol).
+func TestJoinCatchUpOfAUserInManyTeams(t *testing.T) {
+	ts := startServer(t)
+	ts.join("t1", "bob", "carol")
+	for _, team := range []string{"t2", "t3", "t4", "t5", "t6"} {
+		ts.join(team, "bob")
+	}
+	ts.join("x", "carol", "dave")
+	carol := ts.dial(t, "carol")
+	dave := ts.dial(t, "dave")
+	carol.expectChanges(time.Second, "dave=online")
+	bob := ts.dial(t, "bob")
+	if got := snapshotUsers(bob.snap); len(got) != 1 || got["carol"] != "online" {
+		t.Fatalf("bob's snapshot %v, want carol online alone", got)
+	}
+	dave.expectChanges(time.Second) // nothing: no team shared yet
+	ts.join("x", "bob")
+	bob.expectChanges(time.Second, "dave=online")
+	bob.expectQuiet(300 * time.Millisecond)
+	dave.expectChanges(time.Second, "bob=online")
+
+	// bob leaves x: dave is no longer seen, carol still is (through t1).
+	ts.leave("x", "bob") // the memory store hands the hub the removal before it answers
+	dave.status("away")
+	carol.status("away")
+	bob.expectChanges(time.Second, "carol=away")
+	bob.expectQuiet(300 * time.Millisecond)
+}

@@ -315,6 +315,47 @@ func (st *subjectTeams) read(ctx context.Context, v store.TeamsView, list bool, 
 	return nil
 }
 
+// seenThrough is the set of members (but self) who share one of others with
+// self. Read whichever way costs less: the members of others, or, for a
+// user in more teams than the team has members (a user in 20,000 teams),
+// the teams of each member, in one batched read.
+func (h *hub) seenThrough(ctx context.Context, members []string, others map[string]struct{}, self string) (map[string]struct{}, error) {
+	s := h.srv
+	out := make(map[string]struct{})
+	if b, ok := s.store.(store.TeamsBatcher); ok && len(others) > len(members) {
+		var teams [][]string
+		err := s.timed(store.OpQuery, func() error {
+			var err error
+			teams, err = b.TeamsOfMany(ctx, members)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for i, m := range members {
+			for _, t := range teams[i] {
+				if _, shared := others[t]; shared && m != self {
+					out[m] = struct{}{}
+					break
+				}
+			}
+		}
+		return out, nil
+	}
+	otherTeams := make([]string, 0, len(others))
+	for t := range others {
+		otherTeams = append(otherTeams, t)
+	}
+	visible, err := s.visibleUsers(ctx, otherTeams, self)
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range visible {
+		out[u] = struct{}{}
+	}
+	return out, nil
+}
+
 // reconcileSubject sends a user who joined a team the present members they
 // could not see before, or drops queued changes of members they no longer
 // share a team with.
@@ -331,18 +372,10 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 		s.log.Warn("membership reconcile", "err", err)
 		return
 	}
-	otherTeams := make([]string, 0, len(others))
-	for t := range others {
-		otherTeams = append(otherTeams, t)
-	}
-	stillVisible, err := s.visibleUsers(ctx, otherTeams, ev.UserID)
+	already, err := h.seenThrough(ctx, members, others, ev.UserID)
 	if err != nil {
 		s.log.Warn("membership reconcile", "err", err)
 		return
-	}
-	already := make(map[string]struct{}, len(stillVisible))
-	for _, u := range stillVisible {
-		already[u] = struct{}{}
 	}
 	var fresh []string
 	for _, m := range members {

@@ -178,8 +178,9 @@ type MembershipEvent struct {
 type TeamsView interface {
 	// In reports, for each of teams, whether the user is a member.
 	In(ctx context.Context, teams []string) ([]bool, error)
-	// List lists all of the user's teams: O(their number), for a handler
-	// that needs them all (the user is connected to its node).
+	// List lists all of the user's teams, in no set order: O(their
+	// number), for a handler that needs them all (the user is connected to
+	// its node).
 	List(ctx context.Context) ([]string, error)
 }
 

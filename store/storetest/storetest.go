@@ -190,6 +190,7 @@ func (h *harness) OnMembership(ev store.MembershipEvent) {
 		if teams, err = ev.UserTeams.List(h.ctx); err != nil {
 			h.t.Errorf("event %+v: list: %v", ev, err)
 		}
+		teams = slices.Sorted(slices.Values(teams)) // listed in no set order
 	}
 	h.mu.Lock()
 	probe := h.probe
