@@ -183,6 +183,7 @@ func (e *modelEvents) OnMembership(ev store.MembershipEvent) {
 		if err != nil {
 			teams = []string{"error: " + err.Error()}
 		}
+		slices.Sort(teams) // listed in no set order
 		ev.UserTeams = store.TeamList(teams)
 	}
 	e.mu.Lock()
