@@ -1,0 +1,55 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/internal/testwait"
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store/redisstore/redistest"
+)
+
+// A grace and a status that both ended before a sweep are taken in the
+// order they fell due: here the grace first (a dead node's connection,
+// released by a's sweep), so the user goes offline and the status's end
+// after it changes nothing viewers see. Taken the other way round, the
+// status's end would first show the user online again.
+func TestSweepTakesGraceEndsAndStatusExpiriesInOrder(t *testing.T) {
+	r := redistest.Start(t)
+	// Sweeps may pause up to a second (two thirds of the node ttl) without
+	// starting a hold-off.
+	node := func(name string) (*Store, *rec) {
+		return mkWith(t, Config{URL: r.URL(), Node: name, TTL: 10 * time.Second, Grace: 300 * time.Millisecond,
+			NodeTTL: 1500 * time.Millisecond, HoldOff: 300 * time.Millisecond})
+	}
+	a, h := node("a")
+	b, _ := node("b")
+	ctx := context.Background()
+	must(t, a.AddMember(ctx, "t", "bob"))
+	must(t, b.Connect(ctx, presence.Conn{ID: "b1", UserID: "bob", Device: "web"}))
+	kill9(b)
+	var released time.Time
+	testwait.For(t, 5*time.Second, func() error {
+		must(t, a.Sweep(ctx))
+		if n, err := r.Do("HLEN", prefix(shardOf("bob"))+"uc:bob"); err != nil || n != "0" {
+			return fmt.Errorf("bob's connection on dead b not released yet (%s, %v)", n, err)
+		}
+		released = time.Now()
+		return nil
+	})
+	// dnd, ending a little after the grace that the release started.
+	until := released.Add(300*time.Millisecond + 150*time.Millisecond)
+	must(t, a.SetUserStatus(ctx, "bob", presence.Status{Mode: presence.ModeDND, ExpiresAt: time.UnixMilli(until.UnixMilli())}))
+	for time.Now().Before(until.Add(50 * time.Millisecond)) {
+		time.Sleep(10 * time.Millisecond) // both deadlines pass with no sweep
+	}
+	must(t, a.Sweep(ctx))
+	testwait.For(t, 2*time.Second, func() error {
+		if got, want := fmt.Sprint(h.hist()), "[bob=online bob=dnd bob=offline]"; got != want {
+			return fmt.Errorf("bob's changes %s, want %s", got, want)
+		}
+		return nil
+	})
+}
