@@ -7,7 +7,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
 )
 
@@ -83,8 +82,11 @@ func (s *Store) flushHeartbeats(ctx context.Context) {
 		}
 		missing = append(missing, asStrings(replies[i])...)
 	}
-	for _, id := range missing {
-		s.reassert(ctx, id)
+	// While Redis is unhealthy the recovery re-asserts every connection:
+	// doing it here too would double the heaviest load just as Redis
+	// struggles (after a node was taken for dead, every id comes back).
+	if len(missing) > 0 && s.healthy.Load() {
+		s.reassert(ctx, missing)
 	}
 }
 
@@ -103,24 +105,72 @@ func dedupe(ids []string) []string {
 	return out
 }
 
-// reassert writes a live connection Redis lost back into it.
-func (s *Store) reassert(ctx context.Context, id string) {
+// reassert writes live connections Redis lost back into it, in one
+// pipeline: a node taken for dead finds all its ids missing at once, and
+// one round trip each stalled its flush loop for seconds.
+func (s *Store) reassert(ctx context.Context, ids []string) {
 	s.mu.Lock()
-	lc, ok := s.conns[id]
-	var c localConn
-	if ok {
-		c = *lc
+	all := make([]assertion, 0, len(ids))
+	for _, id := range ids {
+		if lc, ok := s.conns[id]; ok {
+			all = append(all, assertion{id, *lc})
+		}
 	}
 	s.mu.Unlock()
-	if !ok {
-		return
+	if err := s.reassertAll(ctx, all); err != nil {
+		s.log.Warn("re-assert connections", "n", len(all), "err", err)
 	}
-	err := s.connect(ctx, presence.Conn{ID: id, UserID: c.user, Device: c.device, Node: c.node}, c, true)
-	if err != nil {
-		s.log.Warn("re-assert connection", "err", err)
-		return
+}
+
+// assertion is a live connection to write back into Redis.
+type assertion struct {
+	id string
+	c  localConn
+}
+
+// reassertAll writes conns back into Redis and ends again those closed
+// meanwhile. It returns the first error that is not the script's answer
+// (Redis not reached), after applying every reply that came.
+func (s *Store) reassertAll(ctx context.Context, all []assertion) error {
+	if len(all) == 0 {
+		return nil
 	}
-	s.m.reassertions.Inc()
+	calls := make([]call, len(all))
+	for i, e := range all {
+		calls[i] = call{keys: userKeys(e.c.user, ncKey(shardOf(e.c.user), e.c.node)),
+			args: []any{e.id, e.c.user, e.c.device, e.c.node, s.ttlMS(), boolArg(e.c.active), "1", e.c.statusSeq}}
+	}
+	start := time.Now()
+	replies, errs := s.evalMany(ctx, s.sc.connect, calls)
+	var firstErr error
+	done := 0
+	for i, v := range replies {
+		if errs[i] != nil {
+			_ = s.failed(store.OpConnect, errs[i])
+			if firstErr == nil && !isRedisReply(errs[i]) {
+				firstErr = errs[i]
+			}
+			continue
+		}
+		_ = s.apply(ctx, store.OpConnect, v, start)
+		done++
+	}
+	s.m.reassertions.Add(float64(done))
+	// A connection closed while being re-asserted may have been ended in
+	// Redis before the re-assertion wrote it back: end it again. Its local
+	// entry went before its script ran, so checking now catches every one.
+	var gone []assertion
+	s.mu.Lock()
+	for _, e := range all {
+		if _, live := s.conns[e.id]; !live {
+			gone = append(gone, e)
+		}
+	}
+	s.mu.Unlock()
+	for _, e := range gone {
+		s.endInRedis(ctx, e.id, e.c.user, e.c.node)
+	}
+	return firstErr
 }
 
 // countPresent refreshes the number of users not offline, over all shards.
@@ -285,53 +335,17 @@ func (s *Store) recover(ctx context.Context) error {
 	}
 	s.beat(ctx, false)
 	s.mu.Lock()
-	type entry struct {
-		id string
-		c  localConn
-	}
-	all := make([]entry, 0, len(s.conns))
-	byShard := make(map[int][]any)
+	all := make([]assertion, 0, len(s.conns))
 	for id, lc := range s.conns {
-		all = append(all, entry{id, *lc})
-		sh := shardOf(lc.user)
-		byShard[sh] = append(byShard[sh], id)
+		all = append(all, assertion{id, *lc})
 	}
 	s.mu.Unlock()
-	if len(all) > 0 {
-		calls := make([]call, len(all))
-		for i, e := range all {
-			calls[i] = call{keys: userKeys(e.c.user, ncKey(shardOf(e.c.user), e.c.node)),
-				args: []any{e.id, e.c.user, e.c.device, e.c.node, s.ttlMS(), boolArg(e.c.active), "1", e.c.statusSeq}}
-		}
-		replies, errs := s.evalMany(ctx, s.sc.connect, calls)
-		for i, v := range replies {
-			if errs[i] == nil {
-				_ = s.apply(ctx, store.OpConnect, v, time.Now())
-			} else if !isRedisReply(errs[i]) {
-				return errs[i]
-			}
-		}
-		s.m.reassertions.Add(float64(len(all)))
-		// A connection closed while being re-asserted may have been ended
-		// in Redis before the re-assertion wrote it back, and reconcile
-		// keeps it (its deadline is fresh): end it again, as reassert does.
-		// Its local entry went before its script ran, so checking now
-		// catches every such one.
-		var gone []entry
-		s.mu.Lock()
-		for _, e := range all {
-			if _, live := s.conns[e.id]; !live {
-				gone = append(gone, e)
-			}
-		}
-		s.mu.Unlock()
-		for _, e := range gone {
-			s.endInRedis(ctx, e.id, e.c.user, e.c.node)
-		}
+	if err := s.reassertAll(ctx, all); err != nil {
+		return err
 	}
 	// Live ids as they are now: connections made while re-asserting stay.
 	s.mu.Lock()
-	byShard = make(map[int][]any)
+	byShard := make(map[int][]any)
 	for id, lc := range s.conns {
 		sh := shardOf(lc.user)
 		byShard[sh] = append(byShard[sh], id)
