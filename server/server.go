@@ -132,10 +132,6 @@ type Server struct {
 	// when none is free (ws.go, onMessage): never closed.
 	bigFrames chan struct{}
 
-	// The WebSocket connections by their socket, for onWritten: *nbio.Conn
-	// → *client, from the upgrade to onClose.
-	writers sync.Map
-
 	draining atomic.Bool
 	stopOnce sync.Once
 	stop     chan struct{} // closed by Shutdown; never sent on
@@ -298,7 +294,7 @@ func (s *Server) Start() error {
 	s.engine.OnClose(func(c net.Conn, _ error) {
 		if nc, ok := c.(*nbio.Conn); ok {
 			s.adm.closed(nc)
-			s.walkers.m.Delete(nc)
+			s.walkers.delete(nc)
 		}
 	})
 	s.engine.OnWrittenSize(s.onWritten)

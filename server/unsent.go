@@ -25,13 +25,17 @@ func nbioConn(ws *websocket.Conn) *nbio.Conn {
 // trackWrites makes onWritten count c's socket; before c writes anything.
 func (s *Server) trackWrites(c *client) {
 	if nbc := nbioConn(c.ws); nbc != nil {
-		s.writers.Store(nbc, c)
+		if w := s.walkers.load(nbc); w != nil { // none: closed already
+			w.writer.Store(c)
+		}
 	}
 }
 
 func (s *Server) untrackWrites(c *client) {
 	if nbc := nbioConn(c.ws); nbc != nil {
-		s.writers.CompareAndDelete(nbc, c)
+		if w := s.walkers.load(nbc); w != nil {
+			w.writer.CompareAndSwap(c, nil)
+		}
 	}
 }
 
@@ -39,11 +43,14 @@ func (s *Server) untrackWrites(c *client) {
 // the socket's lock held, on a poller or in a write: it must not write,
 // close or take a client's lock.
 func (s *Server) onWritten(nc *nbio.Conn, _ []byte, n int) {
-	v, ok := s.writers.Load(nc)
-	if !ok {
-		return // an HTTP connection, or a WebSocket not yet registered
+	w := s.walkers.load(nc)
+	if w == nil {
+		return // an HTTP connection
 	}
-	c := v.(*client)
+	c := w.writer.Load()
+	if c == nil {
+		return // a WebSocket not yet registered, or closed
+	}
 	if c.unsent.Add(-int64(n)) <= 0 {
 		c.drained()
 	}

@@ -156,3 +156,56 @@ func TestUnsentIsZeroOnceAllIsRead(t *testing.T) {
 		return nil
 	})
 }
+
+// Every socket's walker (which also holds the client onWritten counts) is
+// gone once the socket closes, however it closed: none is left behind.
+func TestWalkersGoWithTheirSockets(t *testing.T) {
+	st, err := memstore.New(memstore.Config{TTL: 2 * time.Second, Grace: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Addr: "127.0.0.1:0", Store: st, NodeID: "test", TTL: 2 * time.Second,
+		HeartbeatInterval: 300 * time.Millisecond, RateBurst: 100,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 40
+	conns := make([]*websocket.Conn, n)
+	for i := range conns {
+		c, _, err := websocket.Dial(ctx, fmt.Sprintf("ws://%s/v1/connect?user=u%d", s.Addr(), i), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := c.Read(ctx); err != nil { // the welcome: registered
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	if got := s.walkers.len(); got != n {
+		t.Fatalf("%d walkers for %d open sockets", got, n)
+	}
+	for i, c := range conns {
+		if i%2 == 0 {
+			_ = c.Close(websocket.StatusNormalClosure, "bye")
+		} else {
+			_ = c.CloseNow() // a dropped TCP connection
+		}
+	}
+	testwait.For(t, 5*time.Second, func() error {
+		if got := s.walkers.len(); got != 0 {
+			return fmt.Errorf("%d walkers left after every socket closed", got)
+		}
+		return nil
+	})
+}
