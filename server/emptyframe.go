@@ -166,13 +166,13 @@ func (s *Server) onFrames(c *nbio.Conn, ws *websocket.Conn, data []byte) {
 type frameWalker struct {
 	// The connection's client once registered. Read on the poller: nbio's
 	// Session() reads its field without a lock once set, racing SetSession.
-	cl   atomic.Pointer[client]
+	cl atomic.Pointer[client]
 	// The client whose sends onWritten counts (trackWrites), until its
 	// close; apart from cl so that no write is counted before it.
 	writer atomic.Pointer[client]
-	skip uint64 // payload bytes of the current frame still to come
-	head []byte // the current header, as far as read
-	bad  string // why the stream broke the protocol; nothing more is walked
+	skip   uint64 // payload bytes of the current frame still to come
+	head   []byte // the current header, as far as read
+	bad    string // why the stream broke the protocol; nothing more is walked
 
 	maxRun int  // frames of one token in one read that end in a 1008; 0: no limit
 	run    int  // such frames so far in this read
