@@ -18,6 +18,9 @@ type localUser struct {
 	conns []*client
 	teams map[string]struct{}
 	gen   uint64 // bumped by every membership event, to detect stale loads
+	// flight: membership catch-ups queued and not run yet (catchup.go);
+	// nil when none. Guarded by the hub's mu.
+	flight *catchUps
 }
 
 // hub indexes this node's connections by user and team and routes store

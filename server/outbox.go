@@ -125,21 +125,22 @@ func (c *client) refuse() {
 
 // push queues a change for this connection without blocking. A bulk push
 // (catching a viewer up after a team join or an outage) may queue past
-// MaxPending: it is the server's doing, not a sign of a slow reader.
-func (c *client) push(ch protocol.Change, bulk bool) { c.queue(ch, bulk, true) }
+// MaxPending: it is the server's doing, not a sign of a slow reader. It
+// reports whether the change was queued (not dropped as stale).
+func (c *client) push(ch protocol.Change, bulk bool) bool { return c.queue(ch, bulk, true) }
 
 // queue is push; with wake false it leaves waking the flusher to the caller.
-func (c *client) queue(ch protocol.Change, bulk, wake bool) {
+func (c *client) queue(ch protocol.Change, bulk, wake bool) bool {
 	if c.px != nil {
 		c.px.watchChange(ch)
-		return
+		return true
 	}
 	m := c.srv.metrics
 	c.mu.Lock()
 	if c.recent != nil && c.inSnapshotLocked(ch) {
 		c.mu.Unlock()
 		m.dropped.WithLabelValues(reasonStale).Inc()
-		return
+		return false
 	}
 	if held, ok := c.hidden[ch.UserID]; ok {
 		// Visible again: the client holds the subject at held, so a change
@@ -147,7 +148,7 @@ func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 		if ch.Version <= held {
 			c.mu.Unlock()
 			m.dropped.WithLabelValues(reasonStale).Inc()
-			return
+			return false
 		}
 		delete(c.hidden, ch.UserID)
 	}
@@ -158,7 +159,7 @@ func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 		if old.Version >= ch.Version {
 			c.mu.Unlock()
 			m.dropped.WithLabelValues(reasonStale).Inc()
-			return
+			return false
 		}
 		m.coalesced.Inc()
 		if c.stalled.Load() {
@@ -182,11 +183,12 @@ func (c *client) queue(ch protocol.Change, bulk, wake bool) {
 		m.slowDisconnects.Inc()
 		m.dropped.WithLabelValues(reasonSlow).Add(float64(pending))
 		c.closeWith(protocol.CloseTryAgainLater, "slow consumer")
-		return
+		return false
 	}
 	if schedule {
 		c.srv.hub.flush.markDirty(c, wake)
 	}
+	return true
 }
 
 // maxHidden bounds a connection's hidden set; beyond it, a re-join sends

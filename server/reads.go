@@ -99,15 +99,6 @@ func (s *Server) teamMembers(ctx context.Context, teams []string) (map[string][]
 	return out, nil
 }
 
-// visibleUsers is the union of the members of teams, without self.
-func (s *Server) visibleUsers(ctx context.Context, teams []string, self string) ([]string, error) {
-	members, err := s.teamMembers(ctx, teams)
-	if err != nil {
-		return nil, err
-	}
-	return union(members, self), nil
-}
-
 // union lists every member of every team once, without self.
 func union(members map[string][]string, self string) []string {
 	seen := make(map[string]struct{})

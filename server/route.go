@@ -69,7 +69,9 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 				seen[lu] = struct{}{}
 			}
 			for _, c := range lu.conns {
-				c.queue(ch, false, false)
+				if c.queue(ch, false, false) {
+					lu.flight.note(ch.UserID, ch.Version)
+				}
 				n++
 			}
 		}
@@ -104,12 +106,12 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	// thousands. The index may move meanwhile: asked until nothing is
 	// missing.
 	for {
-		list, ask := h.unknownLocked(ev, &st)
-		if !list && len(ask) == 0 {
+		ask := h.unknownLocked(ev, &st)
+		if len(ask) == 0 {
 			break
 		}
 		h.mu.Unlock()
-		err := st.read(ctx, ev.UserTeams, list, ask)
+		err := st.read(ctx, ev.UserTeams, ask)
 		h.mu.Lock()
 		if err != nil {
 			// Taken for no other team: a viewer is hidden rather than left
@@ -128,27 +130,36 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		watching[c] = struct{}{}
 	}
 	subject := h.users[ev.UserID]
-	// others: the subject's other teams through which it sees members
-	// unwatched, the small ones, for its own catch-up (listed when local).
-	var others map[string]struct{}
-	if subject != nil && !large {
-		others = make(map[string]struct{}, len(st.all))
-		for _, t := range st.all {
-			if t != ev.Team && !h.large[t] {
-				others[t] = struct{}{}
-			}
-		}
-	}
 	// sharesOther: lu shares with the subject a team other than ev.Team
 	// through which it sees them: a small one, or any when it watches them.
+	// With a shared store, a small team counts once its members were given
+	// the subject (its view holds them): the event may list a team joined
+	// since, whose own event will take this team for the one that showed
+	// the subject (finding 8 of docs/reliability.md).
 	sharesOther := func(lu *localUser, watches bool) bool {
 		for t := range lu.teams {
-			if t != ev.Team && st.in[t] && (watches || !h.large[t]) {
+			if t == ev.Team || !st.in[t] {
+				continue
+			}
+			if f := lu.flight; f != nil && f.joining[t] > 0 {
+				continue // lu's own catch-up of t has not run: not shown yet
+			}
+			if h.large[t] {
+				if watches {
+					return true
+				}
+				continue
+			}
+			if h.views == nil {
+				return true
+			}
+			if _, given := h.views.get(t, ev.UserID); given {
 				return true
 			}
 		}
 		return false
 	}
+	left := false // the subject was indexed under the team it left
 	if subject != nil && subject.teams != nil {
 		subject.gen++
 		_, member := subject.teams[ev.Team]
@@ -163,9 +174,13 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			}
 			h.leaveLocked(subject, ev.Team)
 			h.unwatchLater([]string{ev.Team})
+			left = true
 		}
 	} else if subject != nil {
 		subject.gen++ // a load is under way; it will read again
+	}
+	if subject != nil && !large {
+		subject.catchUpLocked(ev.Team, ev.Joined, left)
 	}
 	// The state the event carries was read when the membership changed; a
 	// change naming the team may have overtaken the event since, and been
@@ -192,6 +207,11 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			h.views.read(ev.Team, shown, false)
 		}
 	}
+	type notedPush struct {
+		lu *localUser
+		v  uint64
+	}
+	var noted []notedPush // noted once each of lu's connections had its turn
 	for lu, c := range h.viewersLocked(ev, large) {
 		if lu.id == ev.UserID || sharesOther(lu, false) {
 			continue // could see the subject already, and still can
@@ -200,20 +220,31 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			continue // watches the subject, and still shares a team
 		}
 		if ev.Joined {
+			if lu.flight.holds(ev.UserID, shown.Version) {
+				continue // reached lu since its own catch-up began: no news
+			}
 			if stale, was := c.unhide(ev.UserID); !given && (stale || shown.State != presence.Offline) {
-				if ch, ok := catchUp(shown, was, h.srv.cfg.Now()); ok {
-					c.push(ch, true)
+				if ch, ok := catchUp(shown, was, h.srv.cfg.Now()); ok && c.push(ch, true) && lu.flight != nil {
+					noted = append(noted, notedPush{lu, ch.Version})
 				}
 			}
 		} else {
 			c.hide(ev.UserID, held)
 		}
 	}
+	for _, n := range noted {
+		n.lu.flight.note(ev.UserID, n.v)
+	}
 	h.mu.Unlock()
 	if subject != nil && !large {
 		// The subject's own connections need the other side: store queries,
 		// so done off the event path.
-		h.work.enqueue(func(ctx context.Context) { h.reconcileSubject(ctx, ev, others, leftViews) })
+		h.work.enqueue(func(ctx context.Context) {
+			h.reconcileSubject(ctx, ev, subject, leftViews)
+			h.mu.Lock()
+			subject.caughtUpLocked(ev.Team, ev.Joined, left)
+			h.mu.Unlock()
+		})
 	}
 }
 
@@ -249,26 +280,20 @@ func (h *hub) viewersLocked(ev store.MembershipEvent, large bool) iter.Seq2[*loc
 // subjectTeams is what a membership event's handler read of the subject's
 // teams after the change.
 type subjectTeams struct {
-	in     map[string]bool // team asked → the subject is a member; every team of theirs when listed
-	listed bool            // all is the subject's teams, all of them
-	all    []string
-	failed bool // a read failed: the teams not read count as not theirs
+	in     map[string]bool // team asked → the subject is a member
+	failed bool            // a read failed: the teams not read count as not theirs
 }
 
-// unknownLocked says what OnMembership has yet to read of the subject's
-// teams: all of them (list) when the subject is connected here (its
-// catch-up needs them), else whether it is in each of the other teams of
-// the viewers (ask).
-func (h *hub) unknownLocked(ev store.MembershipEvent, st *subjectTeams) (list bool, ask []string) {
-	if st.failed || st.listed {
-		return false, nil
+// unknownLocked lists the teams OnMembership has yet to ask about: whether
+// the subject is in each of the other teams of the viewers. (The subject's
+// own catch-up goes by what it was sent, not by its teams: catchup.go.)
+func (h *hub) unknownLocked(ev store.MembershipEvent, st *subjectTeams) []string {
+	if st.failed {
+		return nil
 	}
-	large := h.large[ev.Team]
-	if h.users[ev.UserID] != nil && !large {
-		return true, nil
-	}
+	var ask []string
 	asked := make(map[string]struct{})
-	for lu := range h.viewersLocked(ev, large) {
+	for lu := range h.viewersLocked(ev, h.large[ev.Team]) {
 		if lu.id == ev.UserID {
 			continue
 		}
@@ -285,23 +310,14 @@ func (h *hub) unknownLocked(ev store.MembershipEvent, st *subjectTeams) (list bo
 			}
 		}
 	}
-	return false, ask
+	return ask
 }
 
 // read reads what unknownLocked asked of v (nil: the subject is in no team).
-func (st *subjectTeams) read(ctx context.Context, v store.TeamsView, list bool, ask []string) error {
+func (st *subjectTeams) read(ctx context.Context, v store.TeamsView, ask []string) error {
 	if v == nil {
-		st.listed = true
-		return nil
-	}
-	if list {
-		teams, err := v.List(ctx)
-		if err != nil {
-			return err
-		}
-		st.listed, st.all = true, teams
-		for _, t := range teams {
-			st.in[t] = true
+		for _, t := range ask {
+			st.in[t] = false
 		}
 		return nil
 	}
@@ -315,13 +331,13 @@ func (st *subjectTeams) read(ctx context.Context, v store.TeamsView, list bool, 
 	return nil
 }
 
-// seenThrough is the set of members (but self) who share one of others with
-// self. Read whichever way costs less: the members of others, or, for a
-// user in more teams than the team has members (a user in 20,000 teams),
-// the teams of each member, in one batched read.
-func (h *hub) seenThrough(ctx context.Context, members []string, others map[string]struct{}, self string) (map[string]struct{}, error) {
+// seenThrough maps each member (but self) who shares one of others with
+// self to one such team. Read whichever way costs less: the members of
+// others, or, for a user in more teams than the team has members (a user in
+// 20,000 teams), the teams of each member, in one batched read.
+func (h *hub) seenThrough(ctx context.Context, members []string, others map[string]struct{}, self string) (map[string]string, error) {
 	s := h.srv
-	out := make(map[string]struct{})
+	out := make(map[string]string)
 	if b, ok := s.store.(store.TeamsBatcher); ok && len(others) > len(members) {
 		var teams [][]string
 		err := s.timed(store.OpQuery, func() error {
@@ -335,7 +351,7 @@ func (h *hub) seenThrough(ctx context.Context, members []string, others map[stri
 		for i, m := range members {
 			for _, t := range teams[i] {
 				if _, shared := others[t]; shared && m != self {
-					out[m] = struct{}{}
+					out[m] = t
 					break
 				}
 			}
@@ -346,12 +362,16 @@ func (h *hub) seenThrough(ctx context.Context, members []string, others map[stri
 	for t := range others {
 		otherTeams = append(otherTeams, t)
 	}
-	visible, err := s.visibleUsers(ctx, otherTeams, self)
+	byTeam, err := s.teamMembers(ctx, otherTeams)
 	if err != nil {
 		return nil, err
 	}
-	for _, u := range visible {
-		out[u] = struct{}{}
+	for t, ms := range byTeam {
+		for _, m := range ms {
+			if _, dup := out[m]; !dup && m != self {
+				out[m] = t
+			}
+		}
 	}
 	return out, nil
 }
@@ -359,12 +379,19 @@ func (h *hub) seenThrough(ctx context.Context, members []string, others map[stri
 // reconcileSubject sends a user who joined a team the present members they
 // could not see before, or drops queued changes of members they no longer
 // share a team with.
-func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, others map[string]struct{}, held map[string]uint64) {
+func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, subject *localUser, held map[string]uint64) {
 	s := h.srv
 	h.mu.RLock()
 	large := h.large[ev.Team]
+	// A user who reconnected since (their last connection went) was given a
+	// snapshot read after the event: nothing to catch up.
+	gone := h.users[ev.UserID] != subject
+	var others map[string]struct{}
+	if !large && !gone {
+		others = h.toldLocked(subject, ev.Team)
+	}
 	h.mu.RUnlock()
-	if large {
+	if large || gone {
 		return // a large team's members are not sent: the subject watches whom it wants
 	}
 	members, err := s.store.Members(ctx, ev.Team)
@@ -383,11 +410,11 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 			fresh = append(fresh, m)
 		}
 	}
-	if len(fresh) == 0 {
+	if len(fresh) == 0 && (!ev.Joined || h.views == nil) {
 		return
 	}
 	var ps []presence.Presence
-	if ev.Joined {
+	if ev.Joined && len(fresh) > 0 {
 		if ps, err = s.store.Presence(ctx, fresh); err != nil {
 			s.log.Warn("membership reconcile", "err", err)
 			return
@@ -397,11 +424,17 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	lu := h.users[ev.UserID]
-	if lu == nil {
+	if lu != subject {
 		return
 	}
 	if _, indexed := lu.teams[ev.Team]; indexed && ev.Joined && h.views != nil {
 		crowded := len(h.byTeam[ev.Team]) > 1
+		// Those left out are seen through another team: the joiner holds
+		// what that team's members do, which the team's view must say
+		// (sharesOther goes by it).
+		for m, via := range already {
+			h.views.adopt(ev.Team, via, m, crowded)
+		}
 		kept := ps[:0:0]
 		for _, p := range ps {
 			// A newer change routed through the team since the read
@@ -416,6 +449,23 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 		}
 		ps = kept
 	}
+	if ev.Joined && lu.flight != nil {
+		kept := ps[:0:0]
+		for _, p := range ps {
+			// Routed to lu since the event, at this version or newer: the
+			// read is no news, or stale.
+			if !lu.flight.holds(p.UserID, p.Version) {
+				kept = append(kept, p)
+			}
+		}
+		ps = kept
+	}
+	var sent []protocol.Change // noted once every connection had its turn
+	defer func() {
+		for _, ch := range sent {
+			lu.flight.note(ch.UserID, ch.Version)
+		}
+	}()
 	for _, c := range lu.conns {
 		if !ev.Joined {
 			for _, m := range fresh {
@@ -425,8 +475,8 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, ot
 		}
 		for _, p := range ps {
 			if stale, was := c.unhide(p.UserID); stale || p.State != presence.Offline {
-				if ch, ok := catchUp(p, was, now); ok {
-					c.push(ch, true)
+				if ch, ok := catchUp(p, was, now); ok && c.push(ch, true) {
+					sent = append(sent, ch)
 				}
 			}
 		}

@@ -117,6 +117,31 @@ func readLocked(m map[string]view, p presence.Presence, others bool) {
 	m[p.UserID] = cur
 }
 
+// adopt records that a member of team holds of subject what the members of
+// team from hold (a join's catch-up leaves out whom the joiner sees through
+// another team). others: as for read.
+func (v *views) adopt(team, from, subject string, others bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	src, ok := v.byTeam[from][subject]
+	if !ok {
+		return
+	}
+	m := v.teamLocked(team)
+	cur, had := m[subject]
+	if !had {
+		m[subject] = view{version: src.version, look: src.look, mixed: src.mixed || (others && src.look.State != presence.Offline)}
+		return
+	}
+	if src.mixed || src.look != cur.look {
+		cur.mixed = true
+	}
+	if src.version > cur.version {
+		cur.version, cur.look = src.version, src.look
+	}
+	m[subject] = cur
+}
+
 // get is what team's members hold of subject, if anything is known.
 func (v *views) get(team, subject string) (view, bool) {
 	v.mu.Lock()

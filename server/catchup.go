@@ -1,0 +1,127 @@
+package server
+
+import "sync"
+
+// catchUps is a local user's membership catch-ups in flight: from a
+// membership event of theirs to its reconcile on the worker
+// (reconcileSubject). It exists only while one is queued, so an idle
+// connection holds none of it; its entries are bounded by the changes that
+// reached the user meanwhile.
+//
+// A catch-up sends the joiner the members they could not see before. What
+// they could see is what they were sent, in the order of their events: the
+// teams whose members they were given (indexed, and their own catch-up
+// run) and those they left whose reconcile has not run yet. The store's
+// list of their teams will not do: it may hold a team joined since, whose
+// catch-up will take this one for the team that showed the members
+// (finding 8 of docs/reliability.md).
+//
+// Guarded by the hub's mu, but sent.
+type catchUps struct {
+	queued  int            // reconciles queued, not run yet
+	joining map[string]int // teams joined whose catch-up has not run: their members were not sent
+	leaving map[string]int // teams left whose reconcile has not run: their members were seen until then
+	// sent: what was queued to the user's connections since: a catch-up
+	// read before a change routed meanwhile is stale, and one at a version
+	// sent already is a resend (finding 9: the memory store has no views to
+	// tell).
+	sent sentVersions
+}
+
+// sentVersions is the newest version of each subject queued to a user's
+// connections. Routing notes it under the hub's read lock: its own lock.
+type sentVersions struct {
+	mu sync.Mutex
+	m  map[string]uint64
+}
+
+// catchUpLocked counts a reconcile queued for lu's membership event of
+// team (joined, or left while indexed under it: left); h.mu held.
+func (lu *localUser) catchUpLocked(team string, joined, left bool) {
+	f := lu.flight
+	if f == nil {
+		f = &catchUps{joining: make(map[string]int), leaving: make(map[string]int)}
+		lu.flight = f
+	}
+	f.queued++
+	switch {
+	case joined:
+		f.joining[team]++
+	case left:
+		f.leaving[team]++
+	}
+}
+
+// caughtUpLocked is catchUpLocked's reconcile done; h.mu held.
+func (lu *localUser) caughtUpLocked(team string, joined, left bool) {
+	f := lu.flight
+	if f == nil {
+		return
+	}
+	dec := func(m map[string]int) {
+		if m[team]--; m[team] <= 0 {
+			delete(m, team)
+		}
+	}
+	switch {
+	case joined:
+		dec(f.joining)
+	case left:
+		dec(f.leaving)
+	}
+	if f.queued--; f.queued <= 0 {
+		lu.flight = nil
+	}
+}
+
+// toldLocked is the small teams other than team whose members lu was given
+// (see catchUps); h.mu held.
+func (h *hub) toldLocked(lu *localUser, team string) map[string]struct{} {
+	out := make(map[string]struct{}, len(lu.teams))
+	for t := range lu.teams {
+		if t == team || h.large[t] {
+			continue
+		}
+		if f := lu.flight; f != nil && f.joining[t] > 0 {
+			continue
+		}
+		out[t] = struct{}{}
+	}
+	if f := lu.flight; f != nil {
+		for t := range f.leaving {
+			if t != team {
+				out[t] = struct{}{}
+			}
+		}
+	}
+	return out
+}
+
+// note records that a change of subject at version was queued to the
+// user's connections. Safe on nil (no catch-up in flight).
+func (f *catchUps) note(subject string, version uint64) {
+	if f == nil {
+		return
+	}
+	sv := &f.sent
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	if sv.m == nil {
+		sv.m = make(map[string]uint64)
+	}
+	sv.m[subject] = max(sv.m[subject], version)
+}
+
+// holds reports that the user's connections were queued subject at version
+// or newer since the catch-up began: sending version again is a resend, or
+// takes them back. Safe on nil.
+func (f *catchUps) holds(subject string, version uint64) bool {
+	if f == nil {
+		return false
+	}
+	sv := &f.sent
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	v, ok := sv.m[subject]
+	return ok && v >= version
+}

@@ -1,0 +1,370 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+	"github.com/greendot/greendot/store/memstore"
+	"github.com/greendot/greendot/store/redisstore"
+	"github.com/greendot/greendot/store/redisstore/redistest"
+)
+
+// seam runs afterRead once, after a catch-up's Presence read and before
+// the caller sees the answer: a test routes a change while the read is in
+// flight.
+type seam struct{ afterRead func() }
+
+func (s *seam) fire() {
+	if f := s.afterRead; f != nil {
+		s.afterRead = nil
+		f()
+	}
+}
+
+type hookedMem struct {
+	*memstore.Store
+	*seam
+}
+
+func (s hookedMem) Presence(ctx context.Context, users []string) ([]presence.Presence, error) {
+	ps, err := s.Store.Presence(ctx, users)
+	s.fire()
+	return ps, err
+}
+
+// sharedHooked is hookedMem taken for a shared store: views on.
+type sharedHooked struct{ hookedMem }
+
+func (sharedHooked) Watch(context.Context, []string) error { return nil }
+func (sharedHooked) Unwatch([]string)                      {}
+
+type hookedRedis struct {
+	*redisstore.Store
+	*seam
+}
+
+func (s hookedRedis) Presence(ctx context.Context, users []string) ([]presence.Presence, error) {
+	ps, err := s.Store.Presence(ctx, users)
+	s.fire()
+	return ps, err
+}
+
+// catchUpHub is a hub on each store as the hub runs it: the memory store
+// (no views), the memory store taken for a shared one (views on), and
+// Redis (views on, its own redis-server). No events reach the hub by
+// themselves and no worker runs: tests deliver the events and run the jobs.
+func catchUpHub(t *testing.T, kind string, members [][2]string) (*hub, store.Store, *seam, func(user string) *client) {
+	t.Helper()
+	ctx := context.Background()
+	sm := &seam{}
+	s := socketlessServer()
+	s.metrics = newMetrics(prometheus.NewRegistry())
+	var st store.Store
+	switch kind {
+	case "memory", "shared":
+		mem, err := memstore.New(memstore.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, s.store = mem, hookedMem{mem, sm}
+		if kind == "shared" {
+			s.store = sharedHooked{hookedMem{mem, sm}}
+		}
+	case "redis":
+		r := redistest.Start(t)
+		rs, err := redisstore.New(ctx, redisstore.Config{URL: r.URL(), Node: "n1", TTL: time.Minute,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rs.Close() })
+		st, s.store = rs, hookedRedis{rs, sm}
+	}
+	s.hub = newHub(s)
+	for _, m := range members {
+		if err := st.AddMember(ctx, m[0], m[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	local := func(user string) *client {
+		t.Helper()
+		c := &client{srv: s, user: user}
+		c.closed.Store(true) // no socket: writes are no-ops
+		teams, err := s.hub.add(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The snapshot's read, as a connect notes it.
+		members := make(map[string][]string)
+		var all []string
+		for _, team := range teams {
+			ms, err := st.Members(ctx, team)
+			if err != nil {
+				t.Fatal(err)
+			}
+			members[team] = ms
+			all = append(all, ms...)
+		}
+		ps, err := st.Presence(ctx, all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.hub.noteSnapshot(user, members, ps)
+		return c
+	}
+	return s.hub, st, sm, local
+}
+
+// online connects user on a device and returns their version.
+func online(t *testing.T, st store.Store, user string) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	if err := st.Connect(ctx, presence.Conn{ID: "d-" + user, UserID: user, Device: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := st.Presence(ctx, []string{user})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps[0].Version
+}
+
+// wire is what a socketless connection was sent: write moves its outbox
+// there, as a flush would.
+type wire struct {
+	c    *client
+	sent []string
+}
+
+func (w *wire) write() {
+	w.c.mu.Lock()
+	defer w.c.mu.Unlock()
+	for _, s := range w.c.order {
+		ch := w.c.pending[s]
+		w.sent = append(w.sent, fmt.Sprintf("%s=%s@%d", ch.UserID, ch.State, ch.Version))
+	}
+	w.c.pending, w.c.order, w.c.bulk = nil, nil, 0
+}
+
+func (w *wire) String() string { return "[" + strings.Join(w.sent, " ") + "]" }
+
+// runJobs runs the worker's queued jobs one at a time, writing the wire
+// after each: what one job queued is on the socket before the next runs.
+func runJobs(ctx context.Context, h *hub, ws ...*wire) {
+	for {
+		h.work.mu.Lock()
+		jobs := h.work.jobs
+		h.work.jobs = nil
+		h.work.mu.Unlock()
+		if len(jobs) == 0 {
+			return
+		}
+		for _, job := range jobs {
+			job(ctx)
+			for _, w := range ws {
+				w.write()
+			}
+		}
+	}
+}
+
+func eachStore(t *testing.T, f func(t *testing.T, kind string)) {
+	for _, kind := range []string{"memory", "shared", "redis"} {
+		t.Run(kind, func(t *testing.T) { f(t, kind) })
+	}
+}
+
+// Finding 8: u01, connected in no team, is put back in a and c, which u17
+// (online) is in, one membership at a time. Redis's events can list both
+// teams already (each read the user's teams when it was published): each
+// join's catch-up must not take the other team for the one that showed
+// u17. Whatever the events list and however far behind the worker is, u17
+// reaches u01 once.
+func TestJoinCatchUpOfTwoTeamsSharingATeammate(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		for _, tc := range []struct {
+			name   string
+			lists  [2][]string // the teams the events of a and c list
+			behind bool        // both events come before the worker runs a job
+		}{
+			{"restored, worker behind", [2][]string{{"a", "c"}, {"a", "c"}}, true},
+			{"restored, worker keeping up", [2][]string{{"a", "c"}, {"a", "c"}}, false},
+			{"one by one, worker behind", [2][]string{{"a"}, {"a", "c"}}, true},
+			{"one by one, worker keeping up", [2][]string{{"a"}, {"a", "c"}}, false},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				ctx := context.Background()
+				h, st, _, local := catchUpHub(t, kind, [][2]string{{"a", "u17"}, {"c", "u17"}})
+				v := online(t, st, "u17")
+				w, w2 := &wire{c: local("u01")}, &wire{c: local("u01")} // two devices
+				for i, team := range []string{"a", "c"} {
+					// The store holds at least what the event lists.
+					for _, in := range tc.lists[i] {
+						if err := st.AddMember(ctx, in, "u01"); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if !tc.behind {
+						runJobs(ctx, h, w, w2)
+					}
+					h.OnMembership(store.MembershipEvent{Team: team, UserID: "u01", Joined: true, UserTeams: store.TeamList(tc.lists[i])})
+				}
+				runJobs(ctx, h, w, w2)
+				for _, w := range []*wire{w, w2} {
+					if got, want := w.String(), fmt.Sprintf("[u17=online@%d]", v); got != want {
+						t.Fatalf("u01 was sent %s, want u17 online once", got)
+					}
+				}
+			})
+		}
+	})
+}
+
+// Finding 9: a joiner's catch-up reads a teammate's state on the worker; a
+// newer change of that teammate reaches the joiner (indexed under the team
+// already) before the catch-up is queued. The older state must not follow
+// the newer one.
+func TestJoinCatchUpOlderThanAChangeRoutedMeanwhile(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, sm, local := catchUpHub(t, kind, [][2]string{{"t", "u08"}})
+		v := online(t, st, "u08")
+		w := &wire{c: local("u14")}
+		if err := st.AddMember(ctx, "t", "u14"); err != nil {
+			t.Fatal(err)
+		}
+		sm.afterRead = func() {
+			h.OnPresence(store.PresenceEvent{Change: change("u08", presence.Away, v+1), Teams: []string{"t"}, Via: "t"})
+			w.write()
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t", UserID: "u14", Joined: true, UserTeams: store.TeamList{"t"}})
+		runJobs(ctx, h, w)
+		if got, want := w.String(), fmt.Sprintf("[u08=away@%d]", v+1); got != want {
+			t.Fatalf("u14 was sent %s, want only u08's newer change", got)
+		}
+	})
+}
+
+// The other side of finding 8: u17, connected in a and c, is shown u01
+// joining both, one membership at a time. When Redis's events list both
+// teams already, each event must not take the other team for the one that
+// showed u01 to u17: the team's view says what its members were given.
+func TestJoinOfATeammateInTwoTeamsReachesTheirViewer(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		cases := []struct {
+			name  string
+			lists [2][]string
+		}{{"one by one", [2][]string{{"a"}, {"a", "c"}}}}
+		if kind != "memory" {
+			// The memory store's events list the teams as of each change.
+			cases = append(cases, struct {
+				name  string
+				lists [2][]string
+			}{"restored", [2][]string{{"a", "c"}, {"a", "c"}}})
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				ctx := context.Background()
+				h, st, _, local := catchUpHub(t, kind, [][2]string{{"a", "u17"}, {"c", "u17"}})
+				v := online(t, st, "u01")
+				w := &wire{c: local("u17")}
+				for i, team := range []string{"a", "c"} {
+					for _, in := range tc.lists[i] {
+						if err := st.AddMember(ctx, in, "u01"); err != nil {
+							t.Fatal(err)
+						}
+					}
+					h.OnMembership(store.MembershipEvent{Team: team, UserID: "u01", Joined: true, State: presence.Online, Version: v,
+						UserTeams: store.TeamList(tc.lists[i])})
+					w.write()
+				}
+				runJobs(ctx, h, w)
+				if got, want := w.String(), fmt.Sprintf("[u01=online@%d]", v); got != want {
+					t.Fatalf("u17 was sent %s, want u01 online once", got)
+				}
+			})
+		}
+	})
+}
+
+// A join's catch-up leaves out whom the joiner sees through another team;
+// the new team's view must still say the joiner holds them. Else, once the
+// other team is gone, a teammate's later join elsewhere takes the new team
+// for one that never showed them, and sends them again.
+func TestJoinCatchUpRecordsWhomTheJoinerSeesAlready(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"a", "u01"}, {"a", "u17"}, {"c", "u17"}, {"x", "u01"}})
+		v := online(t, st, "u17")
+		w := &wire{c: local("u01")} // its snapshot showed u17
+		step := func(team, user string, joined bool, lists ...string) {
+			t.Helper()
+			var err error
+			if joined {
+				err = st.AddMember(ctx, team, user)
+			} else {
+				err = st.RemoveMember(ctx, team, user)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.OnMembership(store.MembershipEvent{Team: team, UserID: user, Joined: joined, State: presence.Online, Version: v,
+				UserTeams: store.TeamList(lists)})
+			w.write()
+			runJobs(ctx, h, w)
+		}
+		step("c", "u01", true, "a", "c", "x")
+		step("a", "u01", false, "c", "x")
+		step("x", "u17", true, "a", "c", "x")
+		if got := w.String(); got != "[]" {
+			t.Fatalf("u01 was sent %s, want nothing: it holds u17 since its snapshot", got)
+		}
+	})
+}
+
+// A viewer indexed under a team it joined, whose catch-up of it has not run
+// yet, has not been shown that team's members: a teammate joining another
+// team of the viewer's must be shown to it there, or the catch-up, which
+// then leaves the teammate out as seen through that other team, never
+// shows them.
+func TestJoinOfATeammateWhileTheViewersCatchUpIsQueued(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t", "u01"}, {"o", "u17"}, {"o", "u05"}})
+		v := online(t, st, "u17")
+		local("u05") // o's view holds u17
+		w := &wire{c: local("u01")}
+		if err := st.AddMember(ctx, "o", "u01"); err != nil {
+			t.Fatal(err)
+		}
+		h.OnMembership(store.MembershipEvent{Team: "o", UserID: "u01", Joined: true, UserTeams: store.TeamList{"o", "t"}})
+		// The worker indexes u01 under o; its catch-up is still queued.
+		h.work.mu.Lock()
+		index := h.work.jobs[0]
+		h.work.jobs = h.work.jobs[1:]
+		h.work.mu.Unlock()
+		index(ctx)
+		if got := h.teamsOf("u01"); len(got) != 2 {
+			t.Fatalf("u01 indexed under %v, want o and t", got)
+		}
+		if err := st.AddMember(ctx, "t", "u17"); err != nil {
+			t.Fatal(err)
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t", UserID: "u17", Joined: true, State: presence.Online, Version: v,
+			UserTeams: store.TeamList{"o", "t"}})
+		w.write()
+		runJobs(ctx, h, w)
+		if got, want := w.String(), fmt.Sprintf("[u17=online@%d]", v); got != want {
+			t.Fatalf("u01 was sent %s, want u17 online once", got)
+		}
+	})
+}
