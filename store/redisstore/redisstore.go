@@ -138,12 +138,17 @@ type Store struct {
 	// membership may be the one from before the loss. See Intact.
 	awaitingResync atomic.Bool
 	forgetNext     atomic.Int64 // UnixNano before which Sweep does not forget (pacing only)
-	onBroadcast    atomic.Pointer[func([]byte)]
-	countsSet      atomic.Bool   // this node set channel counts: Close removes them
-	stop           chan struct{} // closed by Close; never sent on
-	wg             sync.WaitGroup
-	closed         atomic.Bool
-	graceSweeps    atomic.Int64 // sweeps at a grace end (sweepAtGraceEnd) run
+	// owned: the shards (bit per shard) this node sweeps at every Sweep,
+	// shared out among the live nodes by the beats; the others it sweeps
+	// once per sweepFallback (see Sweep). All until the first beat says.
+	owned       atomic.Uint64
+	lastSwept   [numShards]atomic.Int64 // UnixNano of this node's last sweep of each shard
+	onBroadcast atomic.Pointer[func([]byte)]
+	countsSet   atomic.Bool   // this node set channel counts: Close removes them
+	stop        chan struct{} // closed by Close; never sent on
+	wg          sync.WaitGroup
+	closed      atomic.Bool
+	graceSweeps atomic.Int64 // sweeps at a grace end (sweepAtGraceEnd) run
 }
 
 var (
@@ -237,6 +242,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		s.rdb = redis.NewClient(opts)
 	}
 	s.healthy.Store(true)
+	s.owned.Store(allShards)
 	if cfg.WebhookQueue > 0 {
 		groups := cfg.WebhookGroups
 		if len(groups) == 0 {
@@ -513,14 +519,32 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 	return s.apply(ctx, store.OpDisconnect, v, start)
 }
 
+// allShards is the bit set of every shard.
+const allShards = 1<<numShards - 1
+
 // Sweep implements store.Tracker: one atomic script per shard, pipelined;
 // then, at most every second, the forgetting of users offline for
 // ForgetAfter (see forget).
+//
+// Every node sweeping every shard at each tick made Redis's work grow with
+// the nodes (32 scripts per node every 100 ms, the bulk of an idle
+// cluster's Redis CPU). The live nodes share the shards out instead (the
+// beats rank them, by name, in each shard): a node sweeps its own at every
+// call and each other shard once per sweepFallback, so that whoever dies or
+// is not counted yet, no shard goes unswept for long: well within the gap
+// that starts a hold-off (two thirds of the node ttl), and a dead owner's
+// shards are swept by the others until the beats share them out again.
+// While this node recovers (Redis away, a data loss) it sweeps every shard.
 func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
-	shards := make([]int, numShards)
-	for sh := range shards {
-		shards[sh] = sh
+	every := !s.healthy.Load() || s.lostData.Load() || s.awaitingResync.Load()
+	owned := s.owned.Load()
+	due := start.Add(-s.sweepFallback()).UnixNano()
+	shards := make([]int, 0, numShards)
+	for sh := range numShards {
+		if every || owned&(1<<sh) != 0 || s.lastSwept[sh].Load() <= due {
+			shards = append(shards, sh)
+		}
 	}
 	s.m.sweeps.Inc()
 	err := s.sweepShards(ctx, shards, start)
@@ -532,6 +556,9 @@ func (s *Store) Sweep(ctx context.Context) error {
 	}
 	return nil
 }
+
+// sweepFallback is how often a node sweeps a shard it does not own.
+func (s *Store) sweepFallback() time.Duration { return s.cfg.NodeTTL / 3 }
 
 // sweepCall is the sweep script's call for shard sh.
 func (s *Store) sweepCall(sh int) call {
@@ -588,6 +615,7 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 			err = cmp.Or(err, fmt.Errorf("sweep reply %v", v))
 			continue
 		}
+		s.lastSwept[sh].Store(start.UnixNano())
 		bit := uint64(1) << sh
 		if toInt(r[0]) == 1 {
 			if s.emptied.Or(bit)&bit == 0 {
@@ -627,9 +655,14 @@ func (s *Store) forget(ctx context.Context) error {
 	if now < next || !s.forgetNext.CompareAndSwap(next, now+int64(min(time.Second, s.cfg.ForgetAfter/4))) {
 		return nil // not yet, or another sweep is at it
 	}
-	calls := make([]call, numShards)
-	for sh := range calls {
-		calls[sh] = call{keys: shardKeys(sh), args: []any{s.cfg.ForgetAfter.Milliseconds(), forgetBatch}}
+	// Each shard is forgotten by its owner alone (see Sweep): forgetting is
+	// never urgent, so a shard between owners for a beat can wait.
+	owned := s.owned.Load()
+	calls := make([]call, 0, numShards)
+	for sh := range numShards {
+		if owned&(1<<sh) != 0 {
+			calls = append(calls, call{keys: shardKeys(sh), args: []any{s.cfg.ForgetAfter.Milliseconds(), forgetBatch}})
+		}
 	}
 	replies, errs := s.evalMany(ctx, s.sc.forget, calls)
 	for i, err := range errs {
