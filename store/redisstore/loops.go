@@ -185,7 +185,6 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	}
 	all, errs := s.evalMany(ctx, s.sc.beat, calls)
 	var replies []any
-	owned := s.owned.Load()
 	var err error
 	for sh, e := range errs {
 		if e != nil {
@@ -198,18 +197,8 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 			continue
 		}
 		replies = append(replies, r[0])
-		// The shard's own view of the live nodes shares it out: shard sh
-		// goes to the node ranked sh mod live. Views that differ for a
-		// moment (a node coming or going) leave a shard to two nodes, or
-		// to the others' fallback sweeps.
-		bit := uint64(1) << sh
-		if live, rank := toInt(r[1]), toInt(r[2]); live <= 1 || (rank >= 0 && int64(sh)%live == rank) {
-			owned |= bit
-		} else {
-			owned &^= bit
-		}
+		s.share(sh, toInt(r[1]), toInt(r[2]))
 	}
-	s.owned.Store(owned)
 	if err != nil {
 		s.m.errors.WithLabelValues("beat").Inc()
 		if lostContact(err) {

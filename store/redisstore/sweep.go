@@ -20,24 +20,37 @@ const allShards = 1<<numShards - 1
 // the nodes (32 scripts per node every 100 ms, the bulk of an idle
 // cluster's Redis CPU). The live nodes share the shards out instead (the
 // beats rank them, by name, in each shard): a node sweeps its own at every
-// call and each other shard once per sweepFallback, so that whoever dies or
-// is not counted yet, no shard goes unswept for long: well within the gap
-// that starts a hold-off (two thirds of the node ttl), and a dead owner's
-// shards are swept by the others until the beats share them out again.
-// While this node recovers (Redis away, a data loss) it sweeps every shard.
+// call and each other shard once per sweepFallback, so that whoever is not
+// counted yet, no shard goes unswept for long: well within the gap that
+// starts a hold-off (two thirds of the node ttl).
+//
+// A dead node's shards must not wait for that fallback: its connections
+// there would count for their users up to a fallback longer than anywhere
+// else. Every node has the dead node in the liveness set of each of its own
+// shards, so the first sweep after its liveness lapsed finds it there; that
+// sweep ranks it out (sweep.lua replies with the sweeper's new rank) and
+// sweeps every other shard at once, releasing the dead node's connections
+// in the same tick as when every node swept every shard. While this node
+// recovers (Redis away, a data loss) it sweeps every shard.
 func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
 	every := !s.healthy.Load() || s.lostData.Load() || s.awaitingResync.Load()
 	owned := s.owned.Load()
 	due := start.Add(-s.sweepFallback()).UnixNano()
-	shards := make([]int, 0, numShards)
+	var shards, rest []int
 	for sh := range numShards {
 		if every || owned&(1<<sh) != 0 || s.lastSwept[sh].Load() <= due {
 			shards = append(shards, sh)
+		} else {
+			rest = append(rest, sh)
 		}
 	}
 	s.m.sweeps.Inc()
-	err := s.sweepShards(ctx, shards, start)
+	dead, err := s.sweepShards(ctx, shards, start)
+	if dead && len(rest) > 0 {
+		_, rerr := s.sweepShards(ctx, rest, start)
+		err = cmp.Or(err, rerr)
+	}
 	if err == nil {
 		err = s.forget(ctx)
 	}
@@ -45,6 +58,19 @@ func (s *Store) Sweep(ctx context.Context) error {
 		return s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep: %w", err))
 	}
 	return nil
+}
+
+// share takes shard sh as this node's to sweep, or leaves it, by the
+// shard's own view of the live nodes (beat.lua, sweep.lua): shard sh goes
+// to the node ranked sh mod live. Views that differ for a moment (a node
+// coming) leave a shard to two nodes, or to the others' fallback sweeps.
+func (s *Store) share(sh int, live, rank int64) {
+	bit := uint64(1) << sh
+	if live <= 1 || (rank >= 0 && int64(sh)%live == rank) {
+		s.owned.Or(bit)
+	} else {
+		s.owned.And(^bit)
+	}
 }
 
 // sweepFallback is how often a node sweeps a shard it does not own.
@@ -78,22 +104,22 @@ func (s *Store) sweepAtGraceEnd(sh int) {
 		s.graceSweeps.Add(1)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := s.sweepShards(ctx, []int{sh}, time.Now()); err != nil {
+		if _, err := s.sweepShards(ctx, []int{sh}, time.Now()); err != nil {
 			_ = s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep at grace end: %w", err))
 		}
 	})
 }
 
 // sweepShards sweeps shards and publishes what they claimed, even when
-// some fail.
-func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) error {
+// some fail; dead: a sweep found a dead node (and took this node's new
+// share of its shard).
+func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) (dead bool, err error) {
 	calls := make([]call, len(shards))
 	for i, sh := range shards {
 		calls[i] = s.sweepCall(sh)
 	}
 	replies, errs := s.evalMany(ctx, s.sc.sweep, calls)
 	newlyEmptied := false
-	var err error
 	for i, v := range replies {
 		sh := shards[i]
 		if errs[i] != nil {
@@ -101,11 +127,15 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 			continue
 		}
 		r, _ := v.([]any)
-		if len(r) != 2 {
+		if len(r) != 5 {
 			err = cmp.Or(err, fmt.Errorf("sweep reply %v", v))
 			continue
 		}
 		s.lastSwept[sh].Store(start.UnixNano())
+		if toInt(r[2]) > 0 {
+			dead = true
+			s.share(sh, toInt(r[3]), toInt(r[4]))
+		}
 		bit := uint64(1) << sh
 		if toInt(r[0]) == 1 {
 			if s.emptied.Or(bit)&bit == 0 {
@@ -126,7 +156,7 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 		s.lostData.Store(true)
 		s.healthy.Store(false)
 	}
-	return err
+	return dead, err
 }
 
 // forgetBatch bounds the users one shard forgets in one script.
