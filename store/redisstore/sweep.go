@@ -20,18 +20,19 @@ const allShards = 1<<numShards - 1
 // the nodes (32 scripts per node every 100 ms, the bulk of an idle
 // cluster's Redis CPU). The live nodes share the shards out instead (the
 // beats rank them, by name, in each shard): a node sweeps its own at every
-// call and each other shard once per sweepFallback, so that whoever is not
-// counted yet, no shard goes unswept for long: well within the gap that
-// starts a hold-off (two thirds of the node ttl).
+// call and each other shard once per sweepFallback, so that while the
+// nodes' views differ (a node coming, not counted by all yet) no shard goes
+// unswept for long: well within the gap that starts a hold-off (two thirds
+// of the node ttl).
 //
-// A dead node's shards must not wait for that fallback: its connections
-// there would count for their users up to a fallback longer than anywhere
-// else. Every node has the dead node in the liveness set of each of its own
-// shards, so the first sweep after its liveness lapsed finds it there; that
-// sweep ranks it out (sweep.lua replies with the sweeper's new rank) and
-// sweeps every other shard at once, releasing the dead node's connections
-// in the same tick as when every node swept every shard. While this node
-// recovers (Redis away, a data loss) it sweeps every shard.
+// A dead node's shards do not wait for that fallback: its connections there
+// would count for their users up to a fallback longer than elsewhere. The
+// dead node is in the liveness set of every shard, this node's own among
+// them, so this node's first sweep after the lapse finds it; that sweep
+// ranks it out (sweep.lua replies with this node's new rank) and sweeps
+// every other shard at once, releasing the dead node's connections in the
+// same tick as when every node swept every shard. While this node recovers
+// (Redis away, a data loss) it sweeps every shard.
 func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
 	every := !s.healthy.Load() || s.lostData.Load() || s.awaitingResync.Load()
