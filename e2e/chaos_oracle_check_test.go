@@ -174,6 +174,24 @@ func TestChaosOracle(t *testing.T) {
 			changes:  []change{online(0.1), {6.2, 6.2, "u01", "away", "online", 2}, {9, 9, "u01", "online", "away", 3}},
 			want:     map[string]int{"spurious": 0},
 		},
+		// The harness closed d3 on b 10 ms before it killed b: b may never
+		// have told Redis, so the idle connection lingers until b's is
+		// released, and d2's blip shows the user away meanwhile.
+		"a close its node died before telling lingers until the node's release": {
+			subject:    []sess{{0, 12.74, "c", "blip"}, {12.96, 0, "a", ""}},
+			second:     []sess{{0, 10, "b", "closed"}},
+			secondAway: true,
+			faults:     []fault{{"kill -9", "b", 10.01, 12.8}},
+			changes:    []change{online(0.1), {12.75, 12.76, "u01", "away", "online", 2}, {12.97, 12.98, "u01", "online", "away", 3}},
+			want:       map[string]int{"spurious": 0},
+		},
+		"a close its node outlived: away long after it is spurious": {
+			subject:    []sess{{0, 12.74, "c", "blip"}, {12.96, 0, "a", ""}},
+			second:     []sess{{0, 10, "b", "closed"}},
+			secondAway: true,
+			changes:    []change{online(0.1), {12.75, 12.76, "u01", "away", "online", 2}, {12.97, 12.98, "u01", "online", "away", 3}},
+			want:       map[string]int{"spurious": 1},
+		},
 		"a snapshot read while the viewer's join was in flight leaves the subject out": {
 			subject: []sess{{0, 0, "b", ""}},
 			members: []span{{"t0", "u00", 6, 0}},

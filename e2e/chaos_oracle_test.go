@@ -23,9 +23,11 @@ import (
 //     earlier, so the server's view lies inside these bounds.
 //   - A device is maybe live a little longer: while frozen (the server only
 //     learns at the ttl), until the survivors release a killed node's
-//     connections (node liveness + a sweep), during a failed connect attempt
-//     (registered, then refused), and until a fault that kept its node from
-//     telling Redis is over.
+//     connections (node liveness + a sweep; also one whose end the harness
+//     caused less than 500 ms before the kill, which the node may not have
+//     told Redis of), during a failed connect attempt (registered, then
+//     refused), and until a fault that kept its node from telling Redis is
+//     over.
 //   - No false offline: an offline published at time a is false if the user
 //     had a surely live device at a, or lost the last one less than the grace
 //     before a (slack 250 ms). The one exemption: the user's live devices
@@ -277,6 +279,17 @@ func (o *oracle) faultHolding(node string, t time.Time) *faultWindow {
 	return nil
 }
 
+// killedWithin returns when node was killed (kill -9) within [from, to],
+// or zero.
+func (o *oracle) killedWithin(node string, from, to time.Time) time.Time {
+	for _, f := range o.w.faults {
+		if f.kind == "kill -9" && f.node == node && !f.from.Before(from) && !f.from.After(to) {
+			return f.from
+		}
+	}
+	return time.Time{}
+}
+
 func (o *oracle) buildTruth(u *userTruth) {
 	far := o.to.Add(time.Hour)
 	var bounds []time.Time
@@ -334,6 +347,12 @@ func (o *oracle) buildTruth(u *userTruth) {
 				mend = end.Add(nodeTTL + 1500*time.Millisecond)
 			default:
 				mend = end.Add(500 * time.Millisecond)
+				// Its node killed before it can have told Redis of the end
+				// (a close sent just before a kill -9): the connection stays
+				// until the survivors release the node's.
+				if k := o.killedWithin(s.node, end, mend); !k.IsZero() {
+					mend = k.Add(nodeTTL + 1500*time.Millisecond)
+				}
 			}
 			if f := o.faultHolding(s.node, end); f != nil && !f.to.IsZero() {
 				if lim := f.to.Add(holdOff + time.Second); lim.After(mend) {

@@ -671,7 +671,7 @@ func TestBeatIntoEmptiedRedisMarksIt(t *testing.T) {
 	}
 	// a's beat script, its reply not handled yet.
 	_, err := a.evalShards(ctx, a.sc.beat, func(sh int) call {
-		return call{keys: shardKeys(sh), args: []any{"a", "0", "1", a.cfg.HoldOff.Milliseconds()}}
+		return call{keys: shardKeys(sh), args: []any{"a", "0", "1", a.cfg.HoldOff.Milliseconds(), a.cfg.NodeTTL.Milliseconds()}}
 	})
 	must(t, err)
 	must(t, a.Sweep(ctx))

@@ -1,7 +1,9 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -226,9 +228,27 @@ func (s *Store) beatLoop() {
 
 func (s *Store) beat(ctx context.Context, leaving bool) {
 	beaten := s.beaten.Load()
-	replies, err := s.evalShards(ctx, s.sc.beat, func(sh int) call {
-		return call{keys: shardKeys(sh), args: []any{s.cfg.Node, boolArg(leaving), boolArg(beaten), s.cfg.HoldOff.Milliseconds()}}
-	})
+	calls := make([]call, numShards)
+	for sh := range calls {
+		calls[sh] = call{keys: shardKeys(sh), args: []any{s.cfg.Node, boolArg(leaving), boolArg(beaten),
+			s.cfg.HoldOff.Milliseconds(), s.cfg.NodeTTL.Milliseconds()}}
+	}
+	all, errs := s.evalMany(ctx, s.sc.beat, calls)
+	var replies []any
+	var err error
+	for sh, e := range errs {
+		if e != nil {
+			err = cmp.Or(err, e)
+			continue // its share stays as it was; the fallback sweeps cover it
+		}
+		r, _ := all[sh].([]any)
+		if len(r) != 3 {
+			err = cmp.Or(err, fmt.Errorf("beat reply %v", all[sh]))
+			continue
+		}
+		replies = append(replies, r[0])
+		s.share(sh, toInt(r[1]), toInt(r[2]))
+	}
 	if err != nil {
 		s.m.errors.WithLabelValues("beat").Inc()
 		if lostContact(err) {

@@ -12,7 +12,6 @@
 package redisstore
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -138,12 +137,17 @@ type Store struct {
 	// membership may be the one from before the loss. See Intact.
 	awaitingResync atomic.Bool
 	forgetNext     atomic.Int64 // UnixNano before which Sweep does not forget (pacing only)
-	onBroadcast    atomic.Pointer[func([]byte)]
-	countsSet      atomic.Bool   // this node set channel counts: Close removes them
-	stop           chan struct{} // closed by Close; never sent on
-	wg             sync.WaitGroup
-	closed         atomic.Bool
-	graceSweeps    atomic.Int64 // sweeps at a grace end (sweepAtGraceEnd) run
+	// owned: the shards (bit per shard) this node sweeps at every Sweep,
+	// shared out among the live nodes by the beats; the others it sweeps
+	// once per sweepFallback (see Sweep). All until the first beat says.
+	owned       atomic.Uint64
+	lastSwept   [numShards]atomic.Int64 // UnixNano of this node's last sweep of each shard
+	onBroadcast atomic.Pointer[func([]byte)]
+	countsSet   atomic.Bool   // this node set channel counts: Close removes them
+	stop        chan struct{} // closed by Close; never sent on
+	wg          sync.WaitGroup
+	closed      atomic.Bool
+	graceSweeps atomic.Int64 // sweeps at a grace end (sweepAtGraceEnd) run
 }
 
 var (
@@ -237,6 +241,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		s.rdb = redis.NewClient(opts)
 	}
 	s.healthy.Store(true)
+	s.owned.Store(allShards)
 	if cfg.WebhookQueue > 0 {
 		groups := cfg.WebhookGroups
 		if len(groups) == 0 {
@@ -511,136 +516,6 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 		return s.failed(store.OpDisconnect, fmt.Errorf("redisstore: disconnect: %w", err))
 	}
 	return s.apply(ctx, store.OpDisconnect, v, start)
-}
-
-// Sweep implements store.Tracker: one atomic script per shard, pipelined;
-// then, at most every second, the forgetting of users offline for
-// ForgetAfter (see forget).
-func (s *Store) Sweep(ctx context.Context) error {
-	start := time.Now()
-	shards := make([]int, numShards)
-	for sh := range shards {
-		shards[sh] = sh
-	}
-	s.m.sweeps.Inc()
-	err := s.sweepShards(ctx, shards, start)
-	if err == nil {
-		err = s.forget(ctx)
-	}
-	if err != nil {
-		return s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep: %w", err))
-	}
-	return nil
-}
-
-// sweepCall is the sweep script's call for shard sh.
-func (s *Store) sweepCall(sh int) call {
-	// Recovering from a loss lasts until the hold-off after this node wrote
-	// its connections back: a sweep of an emptied shard that comes only
-	// after that finds no sweep record and this node in NODES, as in a
-	// fresh Redis, and must still mark it emptied for the others' sake.
-	recovering := boolArg(!s.healthy.Load() || s.lostData.Load() || s.awaitingResync.Load())
-	return call{keys: shardKeys(sh), args: []any{s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
-		s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds(),
-		s.cfg.Node, recovering}}
-}
-
-// sweepAtGraceEnd sweeps shard sh once more when a grace that a disconnect
-// may just have started is over, so that its offline is published on time
-// rather than at the next tick. Any node may sweep any shard: the script's
-// claims make a second sweep harmless.
-func (s *Store) sweepAtGraceEnd(sh int) {
-	if s.cfg.Grace <= 0 {
-		return
-	}
-	// A few ms past it: the grace runs on Redis's clock from the script.
-	time.AfterFunc(s.cfg.Grace+5*time.Millisecond, func() {
-		if s.closed.Load() {
-			return
-		}
-		s.graceSweeps.Add(1)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := s.sweepShards(ctx, []int{sh}, time.Now()); err != nil {
-			_ = s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep at grace end: %w", err))
-		}
-	})
-}
-
-// sweepShards sweeps shards and publishes what they claimed, even when
-// some fail.
-func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) error {
-	calls := make([]call, len(shards))
-	for i, sh := range shards {
-		calls[i] = s.sweepCall(sh)
-	}
-	replies, errs := s.evalMany(ctx, s.sc.sweep, calls)
-	newlyEmptied := false
-	var err error
-	for i, v := range replies {
-		sh := shards[i]
-		if errs[i] != nil {
-			err = cmp.Or(err, errs[i])
-			continue
-		}
-		r, _ := v.([]any)
-		if len(r) != 2 {
-			err = cmp.Or(err, fmt.Errorf("sweep reply %v", v))
-			continue
-		}
-		bit := uint64(1) << sh
-		if toInt(r[0]) == 1 {
-			if s.emptied.Or(bit)&bit == 0 {
-				newlyEmptied = true
-			}
-		} else {
-			s.emptied.And(^bit)
-		}
-		if aerr := s.apply(ctx, store.OpSweep, r[1], start); aerr != nil {
-			err = cmp.Or(err, aerr)
-		}
-	}
-	// A shard marked emptied that this node's beats have not found so:
-	// the beat whose reply said so was lost (a timeout after the script
-	// ran), or this process started after the loss. Recover all the same.
-	if newlyEmptied && !s.lostData.Load() && !s.awaitingResync.Load() {
-		s.log.Warn("redis lost a shard's data: re-asserting live connections")
-		s.lostData.Store(true)
-		s.healthy.Store(false)
-	}
-	return err
-}
-
-// forgetBatch bounds the users one shard forgets in one script.
-const forgetBatch = 100
-
-// forget drops the presence state of users offline for ForgetAfter: one
-// script per shard (forget.lua), pipelined, each taking at most forgetBatch
-// users from the shard's offline set, by Redis's clock. It is paced to once
-// a second (ForgetAfter/4 when shorter), since forgetting is seldom due and
-// never urgent; a full batch brings the next pass forward to the next sweep.
-func (s *Store) forget(ctx context.Context) error {
-	if s.cfg.ForgetAfter <= 0 {
-		return nil
-	}
-	now, next := time.Now().UnixNano(), s.forgetNext.Load()
-	if now < next || !s.forgetNext.CompareAndSwap(next, now+int64(min(time.Second, s.cfg.ForgetAfter/4))) {
-		return nil // not yet, or another sweep is at it
-	}
-	calls := make([]call, numShards)
-	for sh := range calls {
-		calls[sh] = call{keys: shardKeys(sh), args: []any{s.cfg.ForgetAfter.Milliseconds(), forgetBatch}}
-	}
-	replies, errs := s.evalMany(ctx, s.sc.forget, calls)
-	for i, err := range errs {
-		if err != nil {
-			return fmt.Errorf("forget: %w", err)
-		}
-		if toInt(replies[i]) >= forgetBatch {
-			s.forgetNext.Store(0) // more may be due in that shard
-		}
-	}
-	return nil
 }
 
 // evalShards runs script once per shard, as mk makes the call, in one

@@ -1,11 +1,14 @@
 -- KEYS: the shard's (prelude). ARGV: node, leaving (1/0), beaten (1/0:
--- this process beat before), hold-off ms. A node's
+-- this process beat before), hold-off ms, node ttl ms. A node's
 -- liveness, kept in every shard (NODES) so each shard's sweep can judge it
 -- within its own slot. A leaving node is marked as long dead, so sweepers
 -- release whatever it still holds at once (and drop it once it holds
--- nothing). Returns 1 when this node was missing from the shard: Redis lost
--- its data, or the node was taken for dead and released; either way the
--- node must re-assert its connections.
+-- nothing). Returns {missing, live, rank}: missing is 1 when this node was
+-- missing from the shard (Redis lost its data, or the node was taken for
+-- dead and released; either way the node must re-assert its connections);
+-- live counts the nodes that beat within the node ttl, and rank is this
+-- node's place among them by name, from 0: the shards are shared out by it
+-- for sweeping (loops.go).
 local missing = 0
 if not redis.call('ZSCORE', NODES, ARGV[1]) then missing = 1 end
 -- Missing, after beating before, with no sweep record: Redis lost the
@@ -20,4 +23,10 @@ end
 local score = NOW_MS
 if ARGV[2] == '1' then score = 0 end
 redis.call('ZADD', NODES, score, ARGV[1])
-return missing
+local live = redis.call('ZRANGEBYSCORE', NODES, NOW_MS - tonumber(ARGV[5]), '+inf')
+table.sort(live)
+local rank = -1
+for i, n in ipairs(live) do
+  if n == ARGV[1] then rank = i - 1 break end
+end
+return {missing, #live, rank}

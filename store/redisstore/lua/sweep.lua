@@ -12,9 +12,12 @@
 local ttl, grace, nodettl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local holdoff, limit, gap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local out = new_out()
--- The reply, after whether the shard is in a data loss's hold-off (EM):
--- nodes refuse snapshots meanwhile.
-local function swept() return {redis.call('EXISTS', EM), reply(out)} end
+-- found: the dead nodes this sweep found; live, rank: set when it found any
+-- (below).
+local found, live, rank = 0, 0, -1
+-- The reply: whether the shard is in a data loss's hold-off (EM: nodes
+-- refuse snapshots meanwhile), the outcome, then found, live and rank.
+local function swept() return {redis.call('EXISTS', EM), reply(out), found, live, rank} end
 -- Nobody swept for a while: Redis was away or restarted with old data, or
 -- every node was paused. Hold off, so live nodes beat and re-assert before
 -- anything of theirs may be taken for dead.
@@ -60,6 +63,20 @@ for i = 1, #dead, 2 do
   settle_all(lost, grace, out)
   if redis.call('SCARD', nc) == 0 then
     redis.call('ZREM', NODES, node)
+  end
+end
+-- A node found dead is ranked out at once: the count of the nodes live here
+-- and the sweeper's rank among them by name (as beat.lua counts them) let
+-- the sweeper take its new share of the shards now, and sweep every shard
+-- this once, rather than leave the dead node's shards to the fallback
+-- sweeps until its next beat (sweep.go).
+if #dead > 0 then
+  found = #dead / 2
+  local nodes = redis.call('ZRANGEBYSCORE', NODES, '(' .. fmt(NOW_MS - nodettl), '+inf')
+  table.sort(nodes)
+  live = #nodes
+  for i, n in ipairs(nodes) do
+    if n == ARGV[7] then rank = i - 1 break end
   end
 end
 

@@ -1,0 +1,198 @@
+package redisstore
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/greendot/greendot/store"
+)
+
+// allShards is the bit set of every shard.
+const allShards = 1<<numShards - 1
+
+// Sweep implements store.Tracker: one atomic script per shard, pipelined;
+// then, at most every second, the forgetting of users offline for
+// ForgetAfter (see forget).
+//
+// Every node sweeping every shard at each tick made Redis's work grow with
+// the nodes (32 scripts per node every 100 ms, the bulk of an idle
+// cluster's Redis CPU). The live nodes share the shards out instead (the
+// beats rank them, by name, in each shard): a node sweeps its own at every
+// call and each other shard once per sweepFallback, so that while the
+// nodes' views differ (a node coming, not counted by all yet) no shard goes
+// unswept for long: well within the gap that starts a hold-off (two thirds
+// of the node ttl).
+//
+// A dead node's shards do not wait for that fallback: its connections there
+// would count for their users up to a fallback longer than elsewhere. The
+// dead node is in the liveness set of every shard, this node's own among
+// them, so this node's first sweep after the lapse finds it; that sweep
+// ranks it out (sweep.lua replies with this node's new rank) and sweeps
+// every other shard at once, releasing the dead node's connections in the
+// same tick as when every node swept every shard. While this node recovers
+// (Redis away, a data loss) it sweeps every shard.
+func (s *Store) Sweep(ctx context.Context) error {
+	start := time.Now()
+	every := !s.healthy.Load() || s.lostData.Load() || s.awaitingResync.Load()
+	owned := s.owned.Load()
+	due := start.Add(-s.sweepFallback()).UnixNano()
+	var shards, rest []int
+	for sh := range numShards {
+		if every || owned&(1<<sh) != 0 || s.lastSwept[sh].Load() <= due {
+			shards = append(shards, sh)
+		} else {
+			rest = append(rest, sh)
+		}
+	}
+	s.m.sweeps.Inc()
+	dead, err := s.sweepShards(ctx, shards, start)
+	if dead && len(rest) > 0 {
+		_, rerr := s.sweepShards(ctx, rest, start)
+		err = cmp.Or(err, rerr)
+	}
+	if err == nil {
+		err = s.forget(ctx)
+	}
+	if err != nil {
+		return s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep: %w", err))
+	}
+	return nil
+}
+
+// share takes shard sh as this node's to sweep, or leaves it, by the
+// shard's own view of the live nodes (beat.lua, sweep.lua): shard sh goes
+// to the node ranked sh mod live. Views that differ for a moment (a node
+// coming) leave a shard to two nodes, or to the others' fallback sweeps.
+func (s *Store) share(sh int, live, rank int64) {
+	bit := uint64(1) << sh
+	if live <= 1 || (rank >= 0 && int64(sh)%live == rank) {
+		s.owned.Or(bit)
+	} else {
+		s.owned.And(^bit)
+	}
+}
+
+// sweepFallback is how often a node sweeps a shard it does not own.
+func (s *Store) sweepFallback() time.Duration { return s.cfg.NodeTTL / 3 }
+
+// sweepCall is the sweep script's call for shard sh.
+func (s *Store) sweepCall(sh int) call {
+	// Recovering from a loss lasts until the hold-off after this node wrote
+	// its connections back: a sweep of an emptied shard that comes only
+	// after that finds no sweep record and this node in NODES, as in a
+	// fresh Redis, and must still mark it emptied for the others' sake.
+	recovering := boolArg(!s.healthy.Load() || s.lostData.Load() || s.awaitingResync.Load())
+	return call{keys: shardKeys(sh), args: []any{s.ttlMS(), s.graceMS(), s.cfg.NodeTTL.Milliseconds(),
+		s.cfg.HoldOff.Milliseconds(), 500, (s.cfg.NodeTTL * 2 / 3).Milliseconds(),
+		s.cfg.Node, recovering}}
+}
+
+// sweepAtGraceEnd sweeps shard sh once more when a grace that a disconnect
+// may just have started is over, so that its offline is published on time
+// rather than at the next tick. Any node may sweep any shard: the script's
+// claims make a second sweep harmless.
+func (s *Store) sweepAtGraceEnd(sh int) {
+	if s.cfg.Grace <= 0 {
+		return
+	}
+	// A few ms past it: the grace runs on Redis's clock from the script.
+	time.AfterFunc(s.cfg.Grace+5*time.Millisecond, func() {
+		if s.closed.Load() {
+			return
+		}
+		s.graceSweeps.Add(1)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := s.sweepShards(ctx, []int{sh}, time.Now()); err != nil {
+			_ = s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep at grace end: %w", err))
+		}
+	})
+}
+
+// sweepShards sweeps shards and publishes what they claimed, even when
+// some fail; dead: a sweep found a dead node (and took this node's new
+// share of its shard).
+func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) (dead bool, err error) {
+	calls := make([]call, len(shards))
+	for i, sh := range shards {
+		calls[i] = s.sweepCall(sh)
+	}
+	replies, errs := s.evalMany(ctx, s.sc.sweep, calls)
+	newlyEmptied := false
+	for i, v := range replies {
+		sh := shards[i]
+		if errs[i] != nil {
+			err = cmp.Or(err, errs[i])
+			continue
+		}
+		r, _ := v.([]any)
+		if len(r) != 5 {
+			err = cmp.Or(err, fmt.Errorf("sweep reply %v", v))
+			continue
+		}
+		s.lastSwept[sh].Store(start.UnixNano())
+		if toInt(r[2]) > 0 {
+			dead = true
+			s.share(sh, toInt(r[3]), toInt(r[4]))
+		}
+		bit := uint64(1) << sh
+		if toInt(r[0]) == 1 {
+			if s.emptied.Or(bit)&bit == 0 {
+				newlyEmptied = true
+			}
+		} else {
+			s.emptied.And(^bit)
+		}
+		if aerr := s.apply(ctx, store.OpSweep, r[1], start); aerr != nil {
+			err = cmp.Or(err, aerr)
+		}
+	}
+	// A shard marked emptied that this node's beats have not found so:
+	// the beat whose reply said so was lost (a timeout after the script
+	// ran), or this process started after the loss. Recover all the same.
+	if newlyEmptied && !s.lostData.Load() && !s.awaitingResync.Load() {
+		s.log.Warn("redis lost a shard's data: re-asserting live connections")
+		s.lostData.Store(true)
+		s.healthy.Store(false)
+	}
+	return dead, err
+}
+
+// forgetBatch bounds the users one shard forgets in one script.
+const forgetBatch = 100
+
+// forget drops the presence state of users offline for ForgetAfter: one
+// script per shard (forget.lua), pipelined, each taking at most forgetBatch
+// users from the shard's offline set, by Redis's clock. It is paced to once
+// a second (ForgetAfter/4 when shorter), since forgetting is seldom due and
+// never urgent; a full batch brings the next pass forward to the next sweep.
+func (s *Store) forget(ctx context.Context) error {
+	if s.cfg.ForgetAfter <= 0 {
+		return nil
+	}
+	now, next := time.Now().UnixNano(), s.forgetNext.Load()
+	if now < next || !s.forgetNext.CompareAndSwap(next, now+int64(min(time.Second, s.cfg.ForgetAfter/4))) {
+		return nil // not yet, or another sweep is at it
+	}
+	// Each shard is forgotten by its owner alone (see Sweep): forgetting is
+	// never urgent, so a shard between owners for a beat can wait.
+	owned := s.owned.Load()
+	calls := make([]call, 0, numShards)
+	for sh := range numShards {
+		if owned&(1<<sh) != 0 {
+			calls = append(calls, call{keys: shardKeys(sh), args: []any{s.cfg.ForgetAfter.Milliseconds(), forgetBatch}})
+		}
+	}
+	replies, errs := s.evalMany(ctx, s.sc.forget, calls)
+	for i, err := range errs {
+		if err != nil {
+			return fmt.Errorf("forget: %w", err)
+		}
+		if toInt(replies[i]) >= forgetBatch {
+			s.forgetNext.Store(0) // more may be due in that shard
+		}
+	}
+	return nil
+}
