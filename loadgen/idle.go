@@ -99,27 +99,41 @@ func driveIdle(ctx context.Context, d *driver) error {
 	p2 := d.progress()
 	conns := float64(r.Dialed)
 	res := d.res
-	res.add("rss_per_conn_kib", "server RSS per connection (after the hold)", (s2.Get(mRSS)-base.Get(mRSS))/conns/1024, "KiB")
-	res.goal(4, false, "≤ 4 KiB")
-	if o.N < 5000 {
-		res.note("with %d connections the server's fixed memory (buffers, pools, runtime) weighs on the per-connection figure; the 4 KiB goal is for 15,000", o.N)
+	// A peer's samples hold only what /proc gave (if anything): the
+	// figures of the series they lack are left out, not shown as 0.
+	if s2.Has(mRSS) {
+		res.add("rss_per_conn_kib", "server RSS per connection (after the hold)", (s2.Get(mRSS)-base.Get(mRSS))/conns/1024, "KiB")
+		res.goal(4, false, "≤ 4 KiB")
+		if o.N < 5000 {
+			res.note("with %d connections the server's fixed memory (buffers, pools, runtime) weighs on the per-connection figure; the 4 KiB goal is for 15,000", o.N)
+		}
+		res.add("rss_per_conn_connected_kib", "server RSS per connection (after connecting)", (s1.Get(mRSS)-base.Get(mRSS))/conns/1024, "KiB")
+		if !o.Peer {
+			res.add("rss_per_conn_with_teams_kib", "server RSS per connection, team setup included", (s2.Get(mRSS)-pre.Get(mRSS))/conns/1024, "KiB")
+		}
 	}
-	res.add("rss_per_conn_connected_kib", "server RSS per connection (after connecting)", (s1.Get(mRSS)-base.Get(mRSS))/conns/1024, "KiB")
-	res.add("rss_per_conn_with_teams_kib", "server RSS per connection, team setup included", (s2.Get(mRSS)-pre.Get(mRSS))/conns/1024, "KiB")
-	res.add("heap_per_conn_kib", "server Go heap per connection", (s2.Get(mHeap)-base.Get(mHeap))/conns/1024, "KiB")
-	cpu := s2.Get(mCPU) - s1.Get(mCPU)
-	res.add("cpu_us_per_conn_minute", "server CPU per connection-minute", cpu*1e6/(conns*held.Minutes()), "µs")
-	if o.Protocol == protoPusher {
+	if s2.Has(mHeap) {
+		res.add("heap_per_conn_kib", "server Go heap per connection", (s2.Get(mHeap)-base.Get(mHeap))/conns/1024, "KiB")
+	}
+	if s2.Has(mCPU) {
+		cpu := s2.Get(mCPU) - s1.Get(mCPU)
+		res.add("cpu_us_per_conn_minute", "server CPU per connection-minute", cpu*1e6/(conns*held.Minutes()), "µs")
+	}
+	switch {
+	case o.Peer:
+	case o.Protocol == protoPusher:
 		res.add("heartbeats_per_s", "heartbeats absorbed (pusher:ping)", (s2.Get(mPusherPings)-s1.Get(mPusherPings))/held.Seconds(), "/s")
-	} else {
+	default:
 		res.add("heartbeats_per_s", "heartbeats absorbed", (s2.Get(mHeartbeats)-s1.Get(mHeartbeats))/held.Seconds(), "/s")
 	}
-	res.add("server_goroutines", "server goroutines", s2.Get(mGoroutines), "")
-	// Nobody comes or goes during the hold: every dot must stay as it is.
-	res.add("hold_changes", "presence changes published during the hold", s2.Sum(mChanges)-s1.Sum(mChanges), "")
-	res.goal(0, false, "0")
-	res.add("hold_expirations", "connections expired during the hold", s2.Sum(mExpirations)-s1.Sum(mExpirations), "")
-	res.goal(0, false, "0")
+	if !o.Peer {
+		res.add("server_goroutines", "server goroutines", s2.Get(mGoroutines), "")
+		// Nobody comes or goes during the hold: every dot must stay as it is.
+		res.add("hold_changes", "presence changes published during the hold", s2.Sum(mChanges)-s1.Sum(mChanges), "")
+		res.goal(0, false, "0")
+		res.add("hold_expirations", "connections expired during the hold", s2.Sum(mExpirations)-s1.Sum(mExpirations), "")
+		res.goal(0, false, "0")
+	}
 	res.add("hold_changes_received", "presence changes the clients got during the hold", float64(p2.Changes-p1.Changes), "")
 	if o.Protocol == protoPusher {
 		d.reportDrops()

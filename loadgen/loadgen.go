@@ -91,6 +91,16 @@ type Options struct {
 	// --pusher-secret, for Protocol "pusher": the secret signs each
 	// presence subscription as an app's auth endpoint would.
 	PusherKey, PusherSecret string
+	// ServerPIDs, if set, are the local processes of the servers: their
+	// CPU and RSS are read from /proc instead of /metrics.
+	ServerPIDs []int
+	// Peer says the targets are not greendot but another Pusher server
+	// (Protocol "pusher", idle and fanout): no /healthz, no team setup
+	// through the HTTP API (subscribing to presence-{team} is membership),
+	// no /metrics. Connections are counted at the load generator, and the
+	// figures only greendot's metrics give are left out; CPU and RSS need
+	// ServerPIDs.
+	Peer bool
 	// RunID prefixes every user and team id, so runs never meet; random
 	// when empty.
 	RunID string
@@ -192,6 +202,10 @@ func (o Options) withDefaults(scenario string) (Options, error) {
 		return o, fmt.Errorf("loadgen: --protocol pusher runs idle and fanout only, not %s", scenario)
 	case o.Protocol == protoPusher && (o.PusherKey == "" || o.PusherSecret == ""):
 		return o, errors.New("loadgen: --protocol pusher needs the servers' --pusher-key and --pusher-secret")
+	case o.Peer && o.Protocol != protoPusher:
+		return o, errors.New("loadgen: --peer needs --protocol pusher: a peer speaks no greendot protocol")
+	case slices.ContainsFunc(o.ServerPIDs, func(p int) bool { return p <= 0 }):
+		return o, errors.New("loadgen: --server-pid must be process ids above 0")
 	case o.OfflineMembers > 0 && scenario != "largeteam":
 		return o, fmt.Errorf("loadgen: --offline-members is for largeteam, not %s", scenario)
 	case !protocolID(o.RunID):

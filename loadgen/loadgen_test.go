@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -214,6 +215,9 @@ func TestOptions(t *testing.T) {
 		{"unknown protocol", "idle", Options{Protocol: "mqtt"}, "native or pusher"},
 		{"pusher scenario", "churn", Options{N: 10, Protocol: "pusher", PusherKey: "k", PusherSecret: "s"}, "idle and fanout only"},
 		{"pusher needs a secret", "fanout", Options{Protocol: "pusher", PusherKey: "k"}, "--pusher-secret"},
+		{"peer speaks pusher", "idle", Options{Peer: true}, "--peer needs --protocol pusher"},
+		{"peer runs idle and fanout", "storm", Options{Peer: true, Protocol: "pusher", PusherKey: "k", PusherSecret: "s"}, "idle and fanout only"},
+		{"bad server pid", "idle", Options{ServerPIDs: []int{12, 0}}, "--server-pid"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := c.o.withDefaults(c.scenario)
@@ -338,5 +342,47 @@ func TestHealthCheckFails(t *testing.T) {
 	_, err = Run(context.Background(), "idle", Options{Targets: []string{"ws://" + ln.Addr().String()}})
 	if err == nil || !strings.Contains(err.Error(), "503") {
 		t.Fatalf("err = %v, want the 503 of /healthz", err)
+	}
+}
+
+func TestParseProcStatCPU(t *testing.T) {
+	// A command name with a space and a ')' of its own; utime 250 and stime
+	// 125 ticks (fields 14 and 15).
+	line := "4242 (node ) x) S 1 4242 4242 0 -1 4194560 3158 0 0 0 250 125 0 0 20 0 11 0 1234 1102196736 28000 18446744073709551615\n"
+	got, err := parseProcStatCPU([]byte(line))
+	if err != nil || got != 3.75 {
+		t.Fatalf("parseProcStatCPU = %v, %v; want 3.75 s", got, err)
+	}
+	for _, bad := range []string{"4242 node S 1", "4242 (x) S 1 2 3", "4242 (x) S 1 4242 4242 0 -1 4194560 3158 0 0 0 2x5 125 0"} {
+		if _, err := parseProcStatCPU([]byte(bad)); err == nil {
+			t.Errorf("parseProcStatCPU(%q) took it", bad)
+		}
+	}
+}
+
+// procSample reads a live process: this one, whose CPU time only grows
+// and which holds some memory.
+func TestProcSample(t *testing.T) {
+	pid := os.Getpid()
+	a, err := procSample([]int{pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for x := 0; time.Now().Before(deadline) && selfCPU() < a.Get(mCPU)+0.02; x++ {
+		_ = x * x // burn a few ticks of CPU
+	}
+	b, err := procSample([]int{pid, pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Get(mRSS) < 1<<20 || b.Get(mRSS) < 2*a.Get(mRSS)*0.9 {
+		t.Errorf("RSS %v then %v for the pid twice", a.Get(mRSS), b.Get(mRSS))
+	}
+	if b.Get(mCPU) <= 2*a.Get(mCPU) {
+		t.Errorf("CPU %v s then %v s for the pid twice", a.Get(mCPU), b.Get(mCPU))
+	}
+	if _, err := procSample([]int{1 << 30}); err == nil {
+		t.Error("procSample of a process that does not exist took it")
 	}
 }

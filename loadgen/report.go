@@ -35,6 +35,9 @@ type Result struct {
 
 func newResult(scenario string, o *Options) *Result {
 	p := map[string]any{"n": o.N, "procs": o.Procs, "team_size": o.TeamSize, "grace_s": o.Grace.Seconds(), "protocol": o.Protocol}
+	if o.Peer {
+		p["peer"] = true
+	}
 	switch scenario {
 	case "idle", "heartbeat", "churn":
 		p["duration_s"] = o.Duration.Seconds()
@@ -202,11 +205,18 @@ func (r *Result) WriteJSON(w io.Writer) error {
 }
 
 // serverFigures adds what every scenario reports from a pair of scrapes:
-// the servers' CPU over the window, and their memory at its end.
+// the servers' CPU over the window, and their memory at its end; those a
+// peer's sample lacks are left out.
 func (r *Result) serverFigures(before, after Sample) {
-	r.add("server_cpu_s", "server CPU in the window", after.Get(mCPU)-before.Get(mCPU), "s")
-	r.add("server_rss_mib", "server RSS at the end", after.Get(mRSS)/(1<<20), "MiB")
-	r.add("server_heap_mib", "server Go heap at the end", after.Get(mHeap)/(1<<20), "MiB")
+	if after.Has(mCPU) {
+		r.add("server_cpu_s", "server CPU in the window", after.Get(mCPU)-before.Get(mCPU), "s")
+	}
+	if after.Has(mRSS) {
+		r.add("server_rss_mib", "server RSS at the end", after.Get(mRSS)/(1<<20), "MiB")
+	}
+	if after.Has(mHeap) {
+		r.add("server_heap_mib", "server Go heap at the end", after.Get(mHeap)/(1<<20), "MiB")
+	}
 	if d := after.Sum(mSlow) - before.Sum(mSlow); d > 0 {
 		r.note("the servers disconnected %.0f slow consumers", d)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -61,6 +62,9 @@ func Run(ctx context.Context, scenario string, o Options) (*Result, error) {
 	defer d.hc.CloseIdleConnections()
 	d.setStatus("starting")
 	for _, t := range o.Targets {
+		if o.Peer {
+			break // a peer has no /healthz: the dials tell
+		}
 		if err := d.healthy(ctx, t); err != nil {
 			return d.res, err
 		}
@@ -186,8 +190,26 @@ func (d *driver) connect(ctx context.Context, what string, args any) (connectRep
 	return r, nil
 }
 
-// scrape reads and adds up /metrics of every target.
-func (d *driver) scrape(ctx context.Context) (Sample, error) { return scrape(ctx, d.hc, d.o.Targets) }
+// scrape reads and adds up /metrics of every target, with the CPU and RSS
+// of Options.ServerPIDs in place of theirs. A peer's Sample holds only
+// what /proc gave: the figures of the series it lacks are left out.
+func (d *driver) scrape(ctx context.Context) (Sample, error) {
+	s := Sample{}
+	if !d.o.Peer {
+		var err error
+		if s, err = scrape(ctx, d.hc, d.o.Targets); err != nil {
+			return nil, err
+		}
+	}
+	if len(d.o.ServerPIDs) > 0 {
+		p, err := procSample(d.o.ServerPIDs)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(s, p)
+	}
+	return s, nil
+}
 
 // waitConns waits until the servers count at least want connections (the
 // gauge is refreshed at each sweep), for at most limit.
@@ -221,6 +243,11 @@ func (d *driver) waitConns(ctx context.Context, want int, limit time.Duration) e
 		if err != nil {
 			return err
 		}
+		if d.o.Peer {
+			// A Pusher socket is dialed once subscribed: the live ones are
+			// what the peer holds.
+			s[mConns] = float64(d.progress().Conns)
+		}
 		if int(s.Get(mConns)) >= want {
 			return nil
 		}
@@ -248,7 +275,11 @@ func (d *driver) waitQuiet(ctx context.Context, limit time.Duration) {
 		if err != nil {
 			return
 		}
-		if v := s.Get(mDeliveries) + s.Sum(mPusherEvents); v == last {
+		v := s.Get(mDeliveries) + s.Sum(mPusherEvents)
+		if d.o.Peer {
+			v = float64(d.progress().Changes) // the member events the sockets got
+		}
+		if v == last {
 			still++
 		} else {
 			last, still = v, 0
@@ -260,8 +291,11 @@ func (d *driver) waitQuiet(ctx context.Context, limit time.Duration) {
 }
 
 // setupTeams puts each user in a team through the HTTP API of the first
-// target, 16 requests at a time.
+// target, 16 requests at a time; nothing on a peer.
 func (d *driver) setupTeams(ctx context.Context, pairs [][2]string) error {
+	if d.o.Peer {
+		return nil // on a peer, subscribing to presence-{team} is membership
+	}
 	var done atomic.Int64
 	total := len(pairs)
 	d.setStatus(func() string { return fmt.Sprintf("teams %d/%d", done.Load(), total) })

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -383,5 +384,40 @@ func expectMemberEvent(t *testing.T, events <-chan pxMemberEvent, added bool, us
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatalf("no member event (added=%v) of %s", added, user)
+	}
+}
+
+// --peer drives a Pusher server as if it were not greendot: no team setup,
+// no /metrics; CPU and RSS come from /proc (here the test process, which
+// holds the server), and the figures only greendot's metrics give are
+// absent rather than 0.
+func TestScenarioIdlePeer(t *testing.T) {
+	o := pusherOptions(Options{Targets: []string{startPusherServer(t)}, N: 20, Duration: time.Second, Peer: true, ServerPIDs: []int{os.Getpid()}})
+	r := runScenario(t, "idle", o)
+	expectPositive(t, r, "connect_rate", "server_rss_mib")
+	fig(t, r, "rss_per_conn_kib")
+	fig(t, r, "cpu_us_per_conn_minute")
+	expectZero(t, r, "pusher_dropped")
+	for _, k := range []string{"heap_per_conn_kib", "server_goroutines", "heartbeats_per_s", "hold_changes", "server_heap_mib", "rss_per_conn_with_teams_kib"} {
+		if _, ok := r.Figure(k); ok {
+			t.Errorf("a peer run reports %s, which only greendot's /metrics gives", k)
+		}
+	}
+	if r.Params["peer"] != true {
+		t.Errorf("params = %v, want peer", r.Params)
+	}
+}
+
+func TestScenarioFanoutPeer(t *testing.T) {
+	o := pusherOptions(Options{Targets: []string{startPusherServer(t)}, N: 10, Rounds: 2, Peer: true})
+	r := runScenario(t, "fanout", o)
+	if got, want := fig(t, r, "deliveries_received"), fig(t, r, "deliveries_expected"); got != want || want != 40 {
+		t.Errorf("received %v of %v member events of the subject, want 40", got, want)
+	}
+	expectZero(t, r, "deliveries_missing", "deliveries_spurious", "pusher_errors", "pusher_dropped")
+	for _, k := range []string{"pusher_subscription_errors", "server_cpu_s", "server_rss_mib"} {
+		if _, ok := r.Figure(k); ok {
+			t.Errorf("a peer run without --server-pid reports %s", k)
+		}
 	}
 }

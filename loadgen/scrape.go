@@ -93,6 +93,17 @@ func parseMetrics(r io.Reader) (Sample, error) {
 // Get returns the value of one series (0 when absent).
 func (s Sample) Get(series string) float64 { return s[series] }
 
+// Has says whether the sample holds a series of the metric (or the series
+// itself), whatever its labels: a peer's lacks greendot's.
+func (s Sample) Has(name string) bool {
+	for k := range s {
+		if k == name || strings.HasPrefix(k, name+"{") {
+			return true
+		}
+	}
+	return false
+}
+
 // Sum adds every series of a metric, whatever its labels.
 func (s Sample) Sum(name string) float64 {
 	var t float64

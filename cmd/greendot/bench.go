@@ -49,6 +49,10 @@ presence-{team}; fanout then times member_added and member_removed.
 
 Start the server first (greendot serve); give --grace its --offline-grace.
 
+--peer drives another Pusher server the same way (idle and fanout with
+--protocol pusher): no team setup, no /metrics; with --server-pid its CPU
+and RSS come from /proc. --server-pid alone does the same for greendot.
+
 flags:
 `
 
@@ -91,6 +95,8 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.Protocol, "protocol", "native", "idle, fanout: what the connections speak, native (/v1/connect) or pusher (/app/{key}, presence-{team})")
 	fs.StringVar(&o.PusherKey, "pusher-key", "", "--protocol pusher: the server's --pusher-key")
 	fs.StringVar(&o.PusherSecret, "pusher-secret", "", "--protocol pusher: the server's --pusher-secret, to sign subscriptions; or GREENDOT_PUSHER_SECRET")
+	fs.Var(pidList{&o.ServerPIDs}, "server-pid", "read the servers' CPU and RSS from /proc of these `pids` (comma-separated) instead of /metrics")
+	fs.BoolVar(&o.Peer, "peer", false, "the target is another Pusher server, not greendot (with --protocol pusher): no team setup, no /metrics; see docs/benchmarks.md")
 	fs.StringVar(&o.RunID, "run-id", "", "prefix of user and team ids (default random)")
 	durationVar(fs, &o.MaxTime, "max-time", 0, "the `duration` bounding the whole run (default --duration + 10m)")
 	quiet := fs.Bool("quiet", false, "no progress line on stderr")
@@ -189,4 +195,31 @@ func parseWorker(s string) (int, int, error) {
 		return 0, 0, fmt.Errorf("bench: --worker %q must be i/n", s)
 	}
 	return i, n, nil
+}
+
+// pidList is a comma-separated list of process ids.
+type pidList struct{ p *[]int }
+
+func (l pidList) String() string {
+	if l.p == nil {
+		return ""
+	}
+	s := make([]string, len(*l.p))
+	for i, v := range *l.p {
+		s[i] = strconv.Itoa(v)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l pidList) Set(v string) error {
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("%q is not a process id", f)
+		}
+		out = append(out, n)
+	}
+	*l.p = out
+	return nil
 }

@@ -65,3 +65,24 @@ func TestBenchAbuseRunsEveryFlood(t *testing.T) {
 		t.Errorf("no table:\n%s", stdout.String())
 	}
 }
+
+func TestBenchPeerFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"idle", "--server-pid", "12,x"}, `"x" is not a process id`},
+		{[]string{"idle", "--server-pid", "0"}, `"0" is not a process id`},
+		{[]string{"idle", "--peer"}, "--peer needs --protocol pusher"},
+	} {
+		var stdout, stderr bytes.Buffer
+		err := bench(c.args, &stdout, &stderr)
+		if err == nil || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("bench %q: err = %v, want %q", c.args, err, c.err)
+		}
+	}
+	var l []int
+	if err := (pidList{&l}).Set("12, 34"); err != nil || len(l) != 2 || l[1] != 34 || (pidList{&l}).String() != "12,34" {
+		t.Errorf("pidList = %v, %v", l, err)
+	}
+}
