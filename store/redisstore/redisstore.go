@@ -386,8 +386,20 @@ func (s *Store) connect(ctx context.Context, c presence.Conn, lc localConn, asse
 	if c.Node == "" {
 		c.Node = s.cfg.Node
 	}
-	v, err := run(ctx, s.rdb, s.sc.connect, userKeys(c.UserID, ncKey(shardOf(c.UserID), c.Node)),
-		c.ID, c.UserID, c.Device, c.Node, s.ttlMS(), boolArg(lc.active), boolArg(assert), lc.statusSeq)
+	keys, args := s.connectCall(c, lc, assert)
+	v, err := run(ctx, s.rdb, s.sc.connect, keys, args...)
+	return s.connected(ctx, c, lc, assert, v, err, start)
+}
+
+// connectCall is the connect script's keys and arguments.
+func (s *Store) connectCall(c presence.Conn, lc localConn, assert bool) ([]string, []any) {
+	return userKeys(c.UserID, ncKey(shardOf(c.UserID), c.Node)),
+		[]any{c.ID, c.UserID, c.Device, c.Node, s.ttlMS(), boolArg(lc.active), boolArg(assert), lc.statusSeq}
+}
+
+// connected takes the connect script's reply v (or its error): it records
+// the connection and publishes what the script changed.
+func (s *Store) connected(ctx context.Context, c presence.Conn, lc localConn, assert bool, v any, err error, start time.Time) error {
 	if err != nil {
 		if !assert && !isRedisReply(err) {
 			// The script may have run: make sure no ghost stays behind.

@@ -1,0 +1,99 @@
+package redisstore
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store/redisstore/redistest"
+)
+
+// roundTrips counts the commands and pipelines sent with a context marked
+// by counted (the store's own loops use the client meanwhile): one round
+// trip each, on one server.
+type roundTrips struct{ n atomic.Int64 }
+
+type countedKey struct{}
+
+func counted(ctx context.Context) context.Context { return context.WithValue(ctx, countedKey{}, true) }
+
+func (r *roundTrips) count(ctx context.Context) {
+	if ctx.Value(countedKey{}) != nil {
+		r.n.Add(1)
+	}
+}
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.count(ctx)
+		return next(ctx, cmd)
+	}
+}
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.count(ctx)
+		return next(ctx, cmds)
+	}
+}
+
+// ConnectRead registers the connection and reads the user's own presence
+// and the members of its teams in one round trip, plus one to publish the
+// change the connect made; what it reads is what Connect, Presence and
+// MembersOfMany one after the other read. With the scripts lost (Redis
+// restarted), it still works, one call at a time.
+func TestConnectReadIsOneRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", time.Second, 0)
+	must(t, s.AddMember(ctx, "t1", "alice"))
+	must(t, s.AddMember(ctx, "t1", "bob"))
+	must(t, s.AddMember(ctx, "t2", "alice"))
+	must(t, s.AddMember(ctx, "t2", "carol"))
+	must(t, s.SetUserStatus(ctx, "alice", presence.Status{Mode: presence.ModeDND, Text: "focus"}))
+	// Redis is given the scripts on their first use.
+	if _, _, _, err := s.ConnectRead(ctx, presence.Conn{ID: "c0", UserID: "zed", Device: "web"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	rt := &roundTrips{}
+	s.rdb.AddHook(rt)
+
+	teams := []string{"t1", "t2", "t3"}
+	own, members, registered, err := s.ConnectRead(counted(ctx), presence.Conn{ID: "c1", UserID: "alice", Device: "web"}, teams)
+	if err != nil || !registered {
+		t.Fatalf("ConnectRead: registered %v, err %v", registered, err)
+	}
+	if n := rt.n.Load(); n != 2 {
+		t.Fatalf("ConnectRead took %d round trips, want 2 (the pipeline, the publish)", n)
+	}
+	check := func(own presence.Presence, members [][]string, conns int) {
+		t.Helper()
+		if own.UserID != "alice" || own.State != presence.DND || own.ConnectionCount != conns ||
+			own.Status.Mode != presence.ModeDND || own.Status.Text != "focus" {
+			t.Fatalf("own presence %+v, want alice dnd with %d connections, \"focus\"", own, conns)
+		}
+		want := [][]string{{"alice", "bob"}, {"alice", "carol"}, nil}
+		if !slices.EqualFunc(members, want, slices.Equal) {
+			t.Fatalf("members %q, want %q", members, want)
+		}
+	}
+	check(own, members, 1)
+
+	_, err = r.Do("SCRIPT", "FLUSH")
+	must(t, err)
+	own, members, registered, err = s.ConnectRead(ctx, presence.Conn{ID: "c2", UserID: "alice", Device: "ios"}, teams)
+	if err != nil || !registered {
+		t.Fatalf("ConnectRead with the scripts lost: registered %v, err %v", registered, err)
+	}
+	check(own, members, 2)
+
+	// Another user's id is refused, as by Connect.
+	if _, _, registered, err := s.ConnectRead(ctx, presence.Conn{ID: "c1", UserID: "bob"}, nil); err == nil || registered {
+		t.Fatalf("a duplicate id: registered %v, err %v; want refused", registered, err)
+	}
+}
