@@ -2,7 +2,10 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
+	"hash/crc32"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -95,5 +98,21 @@ func TestConnectReadIsOneRoundTrip(t *testing.T) {
 	// Another user's id is refused, as by Connect.
 	if _, _, registered, err := s.ConnectRead(ctx, presence.Conn{ID: "c1", UserID: "bob"}, nil); err == nil || registered {
 		t.Fatalf("a duplicate id: registered %v, err %v; want refused", registered, err)
+	}
+}
+
+// Keys name users' shards by crc32 of the id: the in-place hash and the
+// prefix table must name the same keys as ever, or a node would not find
+// what an older one wrote.
+func TestShardOfIsCRC32(t *testing.T) {
+	for _, u := range []string{"", "alice", "bob", "ünïcode", strings.Repeat("x", 128)} {
+		if got, want := shardOf(u), int(crc32.ChecksumIEEE([]byte(u))%numShards); got != want {
+			t.Errorf("shardOf(%q) = %d, want %d", u, got, want)
+		}
+	}
+	for sh := range numShards {
+		if got, want := prefix(sh), fmt.Sprintf("gd:{gd%d}:", sh); got != want {
+			t.Errorf("prefix(%d) = %q, want %q", sh, got, want)
+		}
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -353,9 +354,23 @@ func (s *Store) Close() error {
 	return s.rdb.Close()
 }
 
-func shardOf(user string) int { return int(crc32.ChecksumIEEE([]byte(user)) % numShards) }
+// shardOf is the user's shard: crc32.ChecksumIEEE of the id, read in place
+// (crc32 only reads it) rather than copied to the heap, since a snapshot
+// asks it of every team-mate.
+func shardOf(user string) int {
+	return int(crc32.Update(0, crc32.IEEETable, unsafe.Slice(unsafe.StringData(user), len(user))) % numShards)
+}
 
-func prefix(shard int) string { return fmt.Sprintf("gd:{gd%d}:", shard) }
+// prefix is the shard's key prefix, made once: a snapshot builds a key per
+// team-mate.
+func prefix(shard int) string { return prefixes[shard] }
+
+var prefixes = func() (p [numShards]string) {
+	for sh := range p {
+		p[sh] = fmt.Sprintf("gd:{gd%d}:", sh)
+	}
+	return p
+}()
 
 func dlKey(shard int) string { return prefix(shard) + "dl" }
 
