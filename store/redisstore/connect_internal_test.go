@@ -116,3 +116,47 @@ func TestShardOfIsCRC32(t *testing.T) {
 		}
 	}
 }
+
+// A team-mate who never connected is read in the snapshot's one MGET per
+// shard, offline at version 0, as the fallback read of their state found
+// them: joining a team gave them the copy. A user with a state of their
+// own keeps it.
+func TestNeverSeenMemberReadInOneRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", time.Second, 0)
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "alice", Device: "web"}))
+	must(t, s.AddMember(ctx, "t1", "alice"))
+	must(t, s.AddMember(ctx, "t1", "ghost"))
+	must(t, s.AddMember(ctx, "t2", "ghost")) // a second join changes nothing
+	rt := &roundTrips{}
+	s.rdb.AddHook(rt)
+	ps, err := s.WholeStates(counted(ctx), []string{"alice", "ghost"})
+	must(t, err)
+	if n := rt.n.Load(); n != 1 {
+		t.Fatalf("a snapshot read of alice and a never-seen ghost took %d round trips, want 1", n)
+	}
+	if ps[0].State != presence.Online || ps[0].Version == 0 {
+		t.Fatalf("alice %+v, want online with her version", ps[0])
+	}
+	if g := ps[1]; g.State != presence.Offline || g.Version != 0 || !g.Since.IsZero() || !g.ShownLastSeen.IsZero() {
+		t.Fatalf("ghost %+v, want offline at version 0, nothing else", g)
+	}
+	// alice's copy, written by her connect, is not overwritten by a join.
+	must(t, s.AddMember(ctx, "t3", "alice"))
+	ps, err = s.WholeStates(ctx, []string{"alice"})
+	must(t, err)
+	if ps[0].State != presence.Online || ps[0].Version == 0 {
+		t.Fatalf("alice after another join: %+v, want online with her version", ps[0])
+	}
+	// Nor is a state written without its copy (before the copy existed):
+	// it is read from the user's hash.
+	_, err = r.Do("DEL", prefix(shardOf("alice"))+"sv:alice")
+	must(t, err)
+	must(t, s.AddMember(ctx, "t4", "alice"))
+	ps, err = s.WholeStates(ctx, []string{"alice"})
+	must(t, err)
+	if ps[0].State != presence.Online || ps[0].Version == 0 {
+		t.Fatalf("alice without her copy, after a join: %+v, want online with her version", ps[0])
+	}
+}

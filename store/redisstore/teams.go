@@ -113,7 +113,8 @@ func (s *Store) membership(ctx context.Context, team, user string, join bool) er
 	if join {
 		what = "add member"
 	}
-	r, err := run(ctx, s.rdb, s.sc.memberUser, []string{userTeamsKey(user), userMVKey(user)}, team, boolArg(join))
+	p := prefix(shardOf(user))
+	r, err := run(ctx, s.rdb, s.sc.memberUser, []string{userTeamsKey(user), userMVKey(user), p + "u:" + user, p + "sv:" + user}, team, boolArg(join))
 	var userChanged, teamChanged int64
 	if err == nil {
 		reply, _ := r.([]any)
