@@ -142,12 +142,30 @@ func TestNeverSeenMemberReadInOneRoundTrip(t *testing.T) {
 	if g := ps[1]; g.State != presence.Offline || g.Version != 0 || !g.Since.IsZero() || !g.ShownLastSeen.IsZero() {
 		t.Fatalf("ghost %+v, want offline at version 0, nothing else", g)
 	}
+	// The copy goes with the ghost's last membership.
+	key := prefix(shardOf("ghost")) + "sv:ghost"
+	must(t, s.RemoveMember(ctx, "t1", "ghost"))
+	if n, err := r.Do("EXISTS", key); err != nil || n != "1" {
+		t.Fatalf("EXISTS %s after leaving one of two teams: %v %v, want 1", key, n, err)
+	}
+	must(t, s.RemoveMember(ctx, "t2", "ghost"))
+	if n, err := r.Do("EXISTS", key); err != nil || n != "0" {
+		t.Fatalf("EXISTS %s after leaving the last team: %v %v, want 0", key, n, err)
+	}
 	// alice's copy, written by her connect, is not overwritten by a join.
 	must(t, s.AddMember(ctx, "t3", "alice"))
 	ps, err = s.WholeStates(ctx, []string{"alice"})
 	must(t, err)
 	if ps[0].State != presence.Online || ps[0].Version == 0 {
 		t.Fatalf("alice after another join: %+v, want online with her version", ps[0])
+	}
+	// Nor dropped by a leave.
+	must(t, s.RemoveMember(ctx, "t3", "alice"))
+	must(t, s.RemoveMember(ctx, "t1", "alice"))
+	ps, err = s.WholeStates(ctx, []string{"alice"})
+	must(t, err)
+	if ps[0].State != presence.Online || ps[0].Version == 0 {
+		t.Fatalf("alice after leaving her teams: %+v, want online with her version", ps[0])
 	}
 	// Nor is a state written without its copy (before the copy existed):
 	// it is read from the user's hash.

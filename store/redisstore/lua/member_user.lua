@@ -23,5 +23,10 @@ if ARGV[2] == '1' then
   end
 else
   changed = redis.call('SREM', KEYS[1], ARGV[1])
+  -- That copy lives as long as the user's memberships, no longer: a user
+  -- with no state of their own has no other copy.
+  if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+    redis.call('DEL', KEYS[4])
+  end
 end
 return {changed, v}
