@@ -25,6 +25,10 @@ import (
 // and closes with the timer stopped. The client's dial and reads run in
 // the same process and count in ns/op and allocs/op.
 //
+// Known: on either store, about half the runs stop in the untimed first
+// connects with EOF for a handshake (the server closing a fresh socket
+// without an answer, nothing refused in its metrics); not understood yet.
+//
 //	go test -run XXX -bench Connect -benchtime 2000x ./server
 func BenchmarkConnect(b *testing.B) {
 	for _, kind := range []string{"memory", "redis"} {
