@@ -189,6 +189,9 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		c.closeWith(1011, "store unavailable")
 		return
 	}
+	// The user's own status, for my_status right after welcome, read once
+	// c was in the hub: changes from then on reach c through the hub
+	// (OnStatus) as well; the newer version wins.
 	own := reads.own
 	c.mu.Lock()
 	c.writeJSONLocked(protocol.Welcome{
