@@ -509,8 +509,9 @@ func parseShown(sv string, p *presence.Presence) bool {
 // string key (sv:<user>), so a snapshot costs one MGET per shard it touches
 // (at most numShards, pipelined) instead of one HMGET per user: 99 commands
 // per connect were most of Redis's work in a reconnect storm. Users the copy
-// lacks (data written before it existed, or users never seen) are read from
-// their own hashes.
+// lacks (data written before it existed, users forgotten, or never-seen users
+// who joined their teams before member_user.lua gave them one) are read from
+// their own hashes, in a second round trip.
 func (s *Store) States(ctx context.Context, userIDs []string) ([]presence.Presence, error) {
 	return s.states(ctx, userIDs, false)
 }
@@ -548,8 +549,7 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 		}
 		// The shard's loss markers go in the same MGET, which Redis runs as
 		// one step: a loss (FLUSHALL) falls before it or after it, never
-		// between the check and the read. One MGET per shard instead of two
-		// halves what a snapshot costs Redis.
+		// between the check and the read. One MGET per shard, not two.
 		if whole {
 			keys = append(keys, prefix(sh)+"ls", prefix(sh)+"em")
 		}
