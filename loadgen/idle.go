@@ -116,6 +116,10 @@ func driveIdle(ctx context.Context, d *driver) error {
 		res.add("heap_per_conn_kib", "server Go heap per connection", (s2.Get(mHeap)-base.Get(mHeap))/conns/1024, "KiB")
 	}
 	if s2.Has(mCPU) {
+		// The connect phase's CPU, its fan-out drained (settle) included:
+		// what a connect costs the servers, registration, snapshot and the
+		// online change it publishes.
+		res.add("cpu_us_per_connect", "server CPU per connect (with its fan-out)", (s1.Get(mCPU)-base.Get(mCPU))*1e6/conns, "µs")
 		cpu := s2.Get(mCPU) - s1.Get(mCPU)
 		res.add("cpu_us_per_conn_minute", "server CPU per connection-minute", cpu*1e6/(conns*held.Minutes()), "µs")
 	}

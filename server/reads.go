@@ -10,14 +10,61 @@ import (
 
 // snapshot lists the users sharing a team with user, present or not (the
 // versions of offline users let the outbox drop what the snapshot covers),
-// and the members of each team.
-func (s *Server) snapshot(ctx context.Context, user string, teams []string) ([]presence.Presence, map[string][]string, error) {
-	members, err := s.teamMembers(ctx, teams)
-	if err != nil {
-		return nil, nil, err
+// and the members of each team: members, when read already (with the
+// connect, see register), else read now.
+func (s *Server) snapshot(ctx context.Context, user string, teams []string, members map[string][]string) ([]presence.Presence, map[string][]string, error) {
+	if members == nil {
+		var err error
+		if members, err = s.teamMembers(ctx, teams); err != nil {
+			return nil, nil, err
+		}
 	}
 	ps, err := s.readWholeStates(ctx, union(members, user))
 	return ps, members, err
+}
+
+// connectReads is what register read with the connect.
+type connectReads struct {
+	own     presence.Presence   // the user's own presence, for my_status
+	members map[string][]string // the members of the teams asked; nil: not read
+}
+
+// register registers c in the store and reads the user's own presence,
+// and, when the store reads them in the same round trip
+// (store.ConnectReader), the members of teams for the snapshot.
+// registered: c is in the store, and is to be ended like any other
+// connection even if err (a failed read) is set.
+func (s *Server) register(ctx context.Context, c *client, teams []string) (registered bool, r connectReads, err error) {
+	conn := presence.Conn{ID: c.id, UserID: c.user, Device: c.device, Node: s.cfg.NodeID}
+	if cr, ok := s.store.(store.ConnectReader); ok {
+		var ms [][]string
+		err = s.timed(store.OpConnect, func() error {
+			var err error
+			r.own, ms, registered, err = cr.ConnectRead(ctx, conn, teams)
+			return err
+		})
+		if err == nil {
+			r.members = make(map[string][]string, len(teams))
+			for i, t := range teams {
+				r.members[t] = ms[i]
+			}
+		}
+		return registered, r, err
+	}
+	if err = s.timed(store.OpConnect, func() error { return s.store.Connect(ctx, conn) }); err != nil {
+		return false, r, err
+	}
+	var own []presence.Presence
+	err = s.timed(store.OpQuery, func() error {
+		var err error
+		own, err = s.store.Presence(ctx, []string{c.user})
+		return err
+	})
+	if err != nil {
+		return true, r, err
+	}
+	r.own = own[0]
+	return true, r, nil
 }
 
 // teamStates reads the state of every member of team, whole (see

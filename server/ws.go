@@ -162,12 +162,14 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	teams, err := s.hub.add(ctx, c)
 	release() // the hub counts c from here on
+	// A large team's members are not in the snapshot: team_counts follow it.
+	small := s.hub.smallTeams(teams)
+	var reads connectReads
+	registered := false
 	if err == nil {
-		err = s.timed(store.OpConnect, func() error {
-			return s.store.Connect(ctx, presence.Conn{ID: c.id, UserID: c.user, Device: c.device, Node: s.cfg.NodeID})
-		})
+		registered, reads, err = s.register(ctx, c, small)
 	}
-	if err != nil {
+	if !registered {
 		s.log.Error("register connection", "err", err)
 		s.hub.remove(c)
 		c.closeWith(1011, "store unavailable")
@@ -182,20 +184,15 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		_ = s.store.Disconnect(ctx, c.id, presence.Closed)
 		return
 	}
-	// The user's own status, for my_status right after welcome. Changes
-	// from now on reach c through the hub (OnStatus) as well; the newer
-	// version wins.
-	var own []presence.Presence
-	err = s.timed(store.OpQuery, func() error {
-		var err error
-		own, err = s.store.Presence(ctx, []string{c.user})
-		return err
-	})
 	if err != nil {
 		s.log.Error("read own status", "err", err)
 		c.closeWith(1011, "store unavailable")
 		return
 	}
+	// The user's own status, for my_status right after welcome, read once
+	// c was in the hub: changes from then on reach c through the hub
+	// (OnStatus) as well; the newer version wins.
+	own := reads.own
 	c.mu.Lock()
 	c.writeJSONLocked(protocol.Welcome{
 		Type:                protocol.TypeWelcome,
@@ -206,10 +203,9 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		OfflineGraceMS:      s.cfg.Grace.Milliseconds(),
 	})
 	c.welcomed = true
-	c.welcomeStatusLocked(myStatusFrame(own[0].Status, own[0].Version))
+	c.welcomeStatusLocked(myStatusFrame(own.Status, own.Version))
 	c.mu.Unlock()
-	// A large team's members are not in the snapshot: team_counts follow it.
-	snap, members, err := s.snapshot(ctx, c.user, s.hub.smallTeams(teams))
+	snap, members, err := s.snapshot(ctx, c.user, small, reads.members)
 	if errors.Is(err, store.ErrRecovering) {
 		// Redis lost its data: the snapshot would lack the users of nodes
 		// not written back yet. The client reconnects.

@@ -95,6 +95,19 @@ type MembersBatcher interface {
 	MembersOfMany(ctx context.Context, teams []string) ([][]string, error)
 }
 
+// ConnectReader is implemented by stores that register a connection and
+// read what its welcome and snapshot need together, in fewer round trips
+// than Connect, Presence and MembersOfMany one after the other (Redis: one
+// pipeline instead of three). The server falls back to those without it.
+type ConnectReader interface {
+	// ConnectRead is Connect, then a read of the user's own presence and of
+	// the members of teams (aligned with teams, sorted, nil for a team
+	// without members; callers must not modify them). registered reports
+	// whether the connection was registered: an error with registered true
+	// is a failed read, and the connection is to be ended like any other.
+	ConnectRead(ctx context.Context, c presence.Conn, teams []string) (own presence.Presence, members [][]string, registered bool, err error)
+}
+
 // Store is everything the server needs from a store.
 type Store interface {
 	Tracker

@@ -23,6 +23,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -358,9 +359,23 @@ func (s *Store) Close() error {
 	return s.rdb.Close()
 }
 
-func shardOf(user string) int { return int(crc32.ChecksumIEEE([]byte(user)) % numShards) }
+// shardOf is the user's shard: crc32.ChecksumIEEE of the id, read in place
+// (crc32 only reads it) rather than copied to the heap, since a snapshot
+// asks it of every team-mate.
+func shardOf(user string) int {
+	return int(crc32.Update(0, crc32.IEEETable, unsafe.Slice(unsafe.StringData(user), len(user))) % numShards)
+}
 
-func prefix(shard int) string { return fmt.Sprintf("gd:{gd%d}:", shard) }
+// prefix is the shard's key prefix, made once: a snapshot builds a key per
+// team-mate.
+func prefix(shard int) string { return prefixes[shard] }
+
+var prefixes = func() (p [numShards]string) {
+	for sh := range p {
+		p[sh] = fmt.Sprintf("gd:{gd%d}:", sh)
+	}
+	return p
+}()
 
 func dlKey(shard int) string { return prefix(shard) + "dl" }
 
@@ -391,8 +406,20 @@ func (s *Store) connect(ctx context.Context, c presence.Conn, lc localConn, asse
 	if c.Node == "" {
 		c.Node = s.cfg.Node
 	}
-	v, err := run(ctx, s.rdb, s.sc.connect, userKeys(c.UserID, ncKey(shardOf(c.UserID), c.Node)),
-		c.ID, c.UserID, c.Device, c.Node, s.ttlMS(), boolArg(lc.active), boolArg(assert), lc.statusSeq)
+	keys, args := s.connectCall(c, lc, assert)
+	v, err := run(ctx, s.rdb, s.sc.connect, keys, args...)
+	return s.connected(ctx, c, lc, assert, v, err, start)
+}
+
+// connectCall is the connect script's keys and arguments.
+func (s *Store) connectCall(c presence.Conn, lc localConn, assert bool) ([]string, []any) {
+	return userKeys(c.UserID, ncKey(shardOf(c.UserID), c.Node)),
+		[]any{c.ID, c.UserID, c.Device, c.Node, s.ttlMS(), boolArg(lc.active), boolArg(assert), lc.statusSeq}
+}
+
+// connected takes the connect script's reply v (or its error): it records
+// the connection and publishes what the script changed.
+func (s *Store) connected(ctx context.Context, c presence.Conn, lc localConn, assert bool, v any, err error, start time.Time) error {
 	if err != nil {
 		if !assert && !isRedisReply(err) {
 			// The script may have run: make sure no ghost stays behind.

@@ -113,7 +113,8 @@ func (s *Store) membership(ctx context.Context, team, user string, join bool) er
 	if join {
 		what = "add member"
 	}
-	r, err := run(ctx, s.rdb, s.sc.memberUser, []string{userTeamsKey(user), userMVKey(user)}, team, boolArg(join))
+	p := prefix(shardOf(user))
+	r, err := run(ctx, s.rdb, s.sc.memberUser, []string{userTeamsKey(user), userMVKey(user), p + "u:" + user, p + "sv:" + user}, team, boolArg(join))
 	var userChanged, teamChanged int64
 	if err == nil {
 		reply, _ := r.([]any)
@@ -508,8 +509,9 @@ func parseShown(sv string, p *presence.Presence) bool {
 // string key (sv:<user>), so a snapshot costs one MGET per shard it touches
 // (at most numShards, pipelined) instead of one HMGET per user: 99 commands
 // per connect were most of Redis's work in a reconnect storm. Users the copy
-// lacks (data written before it existed, or users never seen) are read from
-// their own hashes.
+// lacks (data written before it existed, users forgotten, or never-seen users
+// who joined their teams before member_user.lua gave them one) are read from
+// their own hashes, in a second round trip.
 func (s *Store) States(ctx context.Context, userIDs []string) ([]presence.Presence, error) {
 	return s.states(ctx, userIDs, false)
 }
@@ -540,31 +542,32 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 		cmd *redis.SliceCmd
 	}
 	reads := make([]shardRead, 0, len(byShard))
-	var checks []*redis.SliceCmd
 	for sh, idx := range byShard {
-		keys := make([]string, len(idx))
+		keys := make([]string, len(idx), len(idx)+2)
 		for k, i := range idx {
 			keys[k] = prefix(sh) + "sv:" + userIDs[i]
 		}
-		reads = append(reads, shardRead{idx, pipe.MGet(ctx, keys...)})
-		// The check comes after the read, on the same connection: a loss
-		// between the two (a FLUSHALL runs between any two commands) fails
-		// the check. Checked first, it would pass and the read miss users.
+		// The shard's loss markers go in the same MGET, which Redis runs as
+		// one step: a loss (FLUSHALL) falls before it or after it, never
+		// between the check and the read. One MGET per shard, not two.
 		if whole {
-			checks = append(checks, pipe.MGet(ctx, prefix(sh)+"ls", prefix(sh)+"em"))
+			keys = append(keys, prefix(sh)+"ls", prefix(sh)+"em")
 		}
+		reads = append(reads, shardRead{idx, pipe.MGet(ctx, keys...)})
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))
 	}
-	for _, c := range checks {
-		if v := c.Val(); len(v) != 2 || v[0] == nil || v[1] != nil {
-			return nil, ErrRecovering
-		}
-	}
 	var missing []int
 	for _, r := range reads {
-		for k, v := range r.cmd.Val() {
+		vals := r.cmd.Val()
+		if whole {
+			if len(vals) != len(r.idx)+2 || vals[len(r.idx)] == nil || vals[len(r.idx)+1] != nil {
+				return nil, ErrRecovering
+			}
+			vals = vals[:len(r.idx)]
+		}
+		for k, v := range vals {
 			sv, ok := v.(string)
 			if !ok || !parseShown(sv, &out[r.idx[k]]) {
 				missing = append(missing, r.idx[k])
