@@ -50,6 +50,7 @@ func TestChaosOracle(t *testing.T) {
 		viewerFrozen [][2]float64    // when the viewer was frozen
 		dialed       float64         // when the viewer dialed its connection; 0: -5.1
 		subject      []sess          // u01's device
+		dialFor      float64         // how long each of its connect attempts took; 0: 50 ms
 		frozen       [][2]float64    // and when it was frozen
 		changes      []change
 		wire         []wire
@@ -185,6 +186,25 @@ func TestChaosOracle(t *testing.T) {
 			changes:    []change{online(0.1), {12.75, 12.76, "u01", "away", "online", 2}, {12.97, 12.98, "u01", "online", "away", 3}},
 			want:       map[string]int{"spurious": 0},
 		},
+		// The device went idle while its reconnect took 6 s (a slow
+		// node, a frozen client): the node registered it as a new
+		// connection does, online, and its client could say away only once
+		// welcomed (chaos, cluster, seed 7120261: u13 online in snapshots
+		// for 2.4 s of such an attempt).
+		"a device that went idle during a slow reconnect shows online until welcomed": {
+			subject:  []sess{{0, 2.4, "c", "blip"}, {8.5, 0, "a", ""}},
+			dialFor:  6,
+			statuses: [][2]any{{3.0, "away"}},
+			changes:  []change{online(0.1), {4.0, 4.1, "u01", "offline", "online", 2}, {6.5, 6.6, "u01", "online", "offline", 3}, {8.6, 8.7, "u01", "away", "online", 4}},
+			want:     map[string]int{"spurious": 0},
+		},
+		"a device idle when welcomed: online a while later is spurious": {
+			subject:  []sess{{0, 2.4, "c", "blip"}, {8.5, 0, "a", ""}},
+			dialFor:  6,
+			statuses: [][2]any{{3.0, "away"}},
+			changes:  []change{online(0.1), {4.0, 4.1, "u01", "offline", "online", 2}, {11.0, 11.1, "u01", "online", "offline", 3}, {11.2, 11.3, "u01", "away", "online", 4}},
+			want:     map[string]int{"spurious": 1},
+		},
 		"a close its node outlived: away long after it is spurious": {
 			subject:    []sess{{0, 12.74, "c", "blip"}, {12.96, 0, "a", ""}},
 			second:     []sess{{0, 10, "b", "closed"}},
@@ -274,7 +294,11 @@ func TestChaosOracle(t *testing.T) {
 					se.end = at(ss.to)
 				}
 				subject.sessions = append(subject.sessions, se)
-				subject.attempts = append(subject.attempts, &attempt{from: at(ss.from - 0.05), to: at(ss.from), node: ss.node, ok: true})
+				dial := 0.05
+				if h.dialFor != 0 {
+					dial = h.dialFor
+				}
+				subject.attempts = append(subject.attempts, &attempt{from: at(ss.from - dial), to: at(ss.from), node: ss.node, ok: true})
 			}
 			for _, st := range h.statuses {
 				subject.statuses = append(subject.statuses, statusChange{at: at(st[0].(float64)), state: st[1].(string)})

@@ -136,7 +136,11 @@ type userTruth struct {
 	devs   []*devCopy
 	sure   []livePiece // surely live
 	maybe  []interval  // maybe live (sessions stretched, attempts)
-	starts []time.Time // session and attempt starts: a device may show online at first
+	// starts: while a device may show online as a new connection does,
+	// whatever status it set: a session's first second, and a connect
+	// attempt's whole course and the second after it (its client sends its
+	// status only once welcomed, which a slow or frozen one may be late for).
+	starts []interval
 	segs   []seg
 }
 
@@ -360,7 +364,7 @@ func (o *oracle) buildTruth(u *userTruth) {
 				}
 			}
 			maybe = append(maybe, mIv{interval: interval{from: s.start, to: mend}, dev: dc, key: s.start, statusAt: s.end})
-			u.starts = append(u.starts, s.start)
+			u.starts = append(u.starts, interval{from: s.start, to: s.start.Add(time.Second)})
 		}
 		for _, a := range dc.attempts {
 			// The server registers a connection before its welcome: from
@@ -377,7 +381,11 @@ func (o *oracle) buildTruth(u *userTruth) {
 				to = f.to.Add(time.Second)
 			}
 			maybe = append(maybe, mIv{interval: interval{from: a.from, to: to}, dev: dc})
-			u.starts = append(u.starts, a.from)
+			until := far
+			if !a.to.IsZero() {
+				until = a.to.Add(time.Second)
+			}
+			u.starts = append(u.starts, interval{from: a.from, to: until})
 		}
 		for _, st := range dc.statuses {
 			bounds = append(bounds, st.at)
@@ -391,7 +399,7 @@ func (o *oracle) buildTruth(u *userTruth) {
 		u.maybe = append(u.maybe, m.interval)
 	}
 	for _, s := range u.starts {
-		bounds = append(bounds, s, s.Add(time.Second))
+		bounds = append(bounds, s.from, s.to)
 	}
 	g := o.tm.grace + 500*time.Millisecond
 	n := len(bounds)
@@ -451,7 +459,7 @@ func (o *oracle) buildTruth(u *userTruth) {
 			}
 		}
 		for _, st := range u.starts {
-			if !st.After(b) && b.Before(st.Add(time.Second)) {
+			if st.contains(b) {
 				s.allowed |= bOnline // a new connection starts online
 			}
 		}
