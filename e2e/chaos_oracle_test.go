@@ -132,10 +132,10 @@ type seg struct {
 }
 
 type userTruth struct {
-	id     string
-	devs   []*devCopy
-	sure   []livePiece // surely live
-	maybe  []interval  // maybe live (sessions stretched, attempts)
+	id    string
+	devs  []*devCopy
+	sure  []livePiece // surely live
+	maybe []interval  // maybe live (sessions stretched, attempts)
 	// starts: while a device may show online as a new connection does,
 	// whatever status it set: a session's first second, and a connect
 	// attempt's whole course and the second after it (its client sends its
