@@ -109,8 +109,14 @@ func (s *Server) newWalker() *frameWalker { return &frameWalker{maxRun: 3*s.cfg.
 func (s *Server) onFrames(c *nbio.Conn, ws *websocket.Conn, data []byte) {
 	w := s.walkers.loadOrStore(c, s.newWalker) // only this connection's reads touch it, one at a time
 	wasFlood := w.flood
+	// nbio's parser holds nothing of an earlier read: no part of a frame,
+	// no fragment of a message.
+	fresh := w.skip == 0 && len(w.head) == 0 && !w.frag
 	empty, bad, at := w.walk(data)
 	cl := w.cl.Load() // nil for a moment after the upgrade
+	if fresh && cl != nil && empty == 0 && bad == "" && !w.flood && s.heartbeatOnPoller(c, ws, cl, data) {
+		return
+	}
 	if cl != nil && ws.Execute != nil {
 		// Queued before the parse queues the read's other frames, so a
 		// frame answered after an empty one sees its effect.
@@ -173,6 +179,7 @@ type frameWalker struct {
 	skip   uint64 // payload bytes of the current frame still to come
 	head   []byte // the current header, as far as read
 	bad    string // why the stream broke the protocol; nothing more is walked
+	frag   bool   // the last data frame had no FIN: a message is in fragments
 
 	maxRun int  // frames of one token in one read that end in a 1008; 0: no limit
 	run    int  // such frames so far in this read
@@ -222,6 +229,9 @@ func (w *frameWalker) walk(data []byte) (empty int, bad string, at int) {
 		case b0&0x0f == 0xa: // a pong costs nothing and ends no run
 		default:
 			w.run = 0
+		}
+		if b0&0x0f < 8 { // a data frame: control frames may come between fragments
+			w.frag = b0&0x80 == 0
 		}
 		if size == 0 && b0 == 0x81 { // FIN, no RSV bits, opcode text
 			empty++

@@ -121,6 +121,7 @@ type Server struct {
 	userPending map[string]int
 	engine      *nbhttp.Engine
 	pool        *workPool
+	live        *livenessWheel
 	ln          net.Listener
 	addr        string
 
@@ -242,6 +243,7 @@ func New(cfg Config) (*Server, error) {
 		s.px = newPusher(s)
 	}
 	s.upgrader = s.newUpgrader()
+	s.live = newLivenessWheel(s)
 	s.connecting = make(chan struct{}, cfg.MaxConnecting)
 	return s, nil
 }
@@ -307,7 +309,8 @@ func (s *Server) Start() error {
 	s.adm.measure()
 	s.ln = ln
 	s.addr = ln.Addr().String()
-	s.wg.Add(5)
+	s.wg.Add(6)
+	go s.live.loop()
 	go s.countsLoop()
 	go s.acceptLoop(ln)
 	go s.sweepLoop()

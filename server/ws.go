@@ -469,11 +469,7 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 	c.badStreak = 0
 	switch {
 	case f.Heartbeat != nil:
-		s.metrics.heartbeatFrames.Inc()
-		s.metrics.heartbeats.Inc()
-		if len(f.Heartbeat.ID) > 0 && string(f.Heartbeat.ID) != "null" {
-			c.writeJSON(protocol.HeartbeatAck{Type: protocol.TypeHeartbeatAck, ID: f.Heartbeat.ID})
-		}
+		s.answerHeartbeat(c, f.Heartbeat)
 	case f.Status != nil:
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -516,18 +512,7 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 
 // signOfLife records that c was heard from: any frame counts.
 func (s *Server) signOfLife(c *client, now time.Time) {
-	prev := c.lastFrame.Swap(now.UnixNano())
-	s.metrics.heartbeatGap.Observe(time.Duration(now.UnixNano() - prev).Seconds())
-	if !c.registered.Load() {
-		return
-	}
-	// Heartbeat only records or queues (the stores batch their writes), so
-	// it needs no deadline of its own, and its latency is not worth a
-	// histogram observation per frame: only its errors are counted.
-	err := s.store.Heartbeat(context.Background(), c.id)
-	if err != nil {
-		s.metrics.heartbeatErrors.Inc()
-	}
+	err := s.heard(c, now)
 	if errors.Is(err, store.ErrUnknownConn) {
 		// The store expired or lost it, yet the client is alive: assert it again.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -537,6 +522,24 @@ func (s *Server) signOfLife(c *client, now time.Time) {
 	if err != nil {
 		s.log.Warn("heartbeat", "err", err)
 	}
+}
+
+// heard is signOfLife up to the store's answer. It never waits: the
+// poller calls it for a heartbeat (inline.go).
+func (s *Server) heard(c *client, now time.Time) error {
+	prev := c.lastFrame.Swap(now.UnixNano())
+	s.metrics.heartbeatGap.Observe(time.Duration(now.UnixNano() - prev).Seconds())
+	if !c.registered.Load() {
+		return nil
+	}
+	// Heartbeat only records or queues (the stores batch their writes), so
+	// it needs no deadline of its own, and its latency is not worth a
+	// histogram observation per frame: only its errors are counted.
+	err := s.store.Heartbeat(context.Background(), c.id)
+	if err != nil {
+		s.metrics.heartbeatErrors.Inc()
+	}
+	return err
 }
 
 // reassert registers a live connection the store no longer knows.

@@ -46,6 +46,8 @@ type Tracker interface {
 	Connect(ctx context.Context, c presence.Conn) error
 	// Heartbeat records a sign of life; ErrUnknownConn when the store no
 	// longer knows the connection, so the caller can register it again.
+	// It must not wait (on the network, or on a full queue): the server
+	// calls it on its network poller.
 	Heartbeat(ctx context.Context, connID string) error
 	// SetStatus marks the connection's device active or idle.
 	SetStatus(ctx context.Context, connID string, active bool) error

@@ -1,0 +1,100 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"time"
+	"unicode/utf8"
+
+	"github.com/lesismal/nbio"
+	"github.com/lesismal/nbio/nbhttp/websocket"
+
+	"github.com/greendot/greendot/protocol"
+	"github.com/greendot/greendot/store"
+)
+
+// An idle node's work is a heartbeat now and then from each connection,
+// and each arrives alone in its read. Handing it to a worker goroutine
+// woke a parked worker and an idle core for a few microseconds of work,
+// and parked them again: at 10,000 idle connections that handoff and the
+// scheduler cost more than the heartbeats. A read that is exactly one
+// small heartbeat frame, of a connection with no job queued or running,
+// is therefore handled on the poller goroutine: it needs nothing that
+// waits (the stores' Heartbeat only records or queues, an ack is a
+// non-blocking write) and, with nothing queued, it is still handled in
+// order and alone, as nbio's executor would. Anything else, or a
+// heartbeat behind another frame, takes the usual way.
+
+// heartbeatOnPoller handles data, one read of cl's socket that the walker
+// found to begin at a frame boundary and to hold no broken or empty frame,
+// when it is one whole heartbeat frame. It reports whether it did;
+// false leaves data untouched for nbio's parser.
+func (s *Server) heartbeatOnPoller(nbc *nbio.Conn, ws *websocket.Conn, cl *client, data []byte) bool {
+	if ws.Execute == nil || cl.px != nil || cl.closed.Load() || !cl.registered.Load() {
+		return false
+	}
+	hb, ok := heartbeatFrame(data, s.cfg.MaxMessageSize)
+	if !ok || nbc.ExecuteLen() != 0 {
+		return false
+	}
+	now := s.cfg.Now()
+	switch err := s.heard(cl, now); {
+	case errors.Is(err, store.ErrUnknownConn):
+		// Asserting it again waits on the store: in the connection's
+		// executor, where the frames after this one then wait for it.
+		ws.Execute(func() {
+			if cl.closed.Load() {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := s.reassert(ctx, cl); err != nil {
+				s.log.Warn("heartbeat", "err", err)
+			}
+		})
+	case err != nil:
+		s.log.Warn("heartbeat", "err", err)
+	}
+	if !cl.allow(now, 1) {
+		return true
+	}
+	cl.badStreak = 0
+	s.answerHeartbeat(cl, hb)
+	return true
+}
+
+// answerHeartbeat counts an accepted heartbeat and acks it when it has an id.
+func (s *Server) answerHeartbeat(c *client, hb *protocol.Heartbeat) {
+	s.metrics.heartbeatFrames.Inc()
+	s.metrics.heartbeats.Inc()
+	if len(hb.ID) > 0 && string(hb.ID) != "null" {
+		c.writeJSON(protocol.HeartbeatAck{Type: protocol.TypeHeartbeatAck, ID: hb.ID})
+	}
+}
+
+// heartbeatFrame decodes data when it is exactly one whole client frame
+// holding a heartbeat: FIN and opcode text, masked, a payload of 1-125
+// valid UTF-8 bytes (nbio closes with 1007 otherwise), at most max.
+func heartbeatFrame(data []byte, max int) (*protocol.Heartbeat, bool) {
+	if len(data) < 7 || data[0] != 0x81 || data[1]&0x80 == 0 {
+		return nil, false
+	}
+	n := int(data[1] & 0x7f)
+	if n > 125 || len(data) != 6+n || n > max {
+		return nil, false
+	}
+	var buf [125]byte
+	p := buf[:n]
+	mask := data[2:6]
+	for i := range p {
+		p[i] = data[6+i] ^ mask[i&3]
+	}
+	if !utf8.Valid(p) {
+		return nil, false
+	}
+	f, err := protocol.DecodeClientFrame(p)
+	if err != nil || f.Heartbeat == nil {
+		return nil, false
+	}
+	return f.Heartbeat, true
+}
