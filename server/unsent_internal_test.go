@@ -42,24 +42,7 @@ func TestWSFrameLen(t *testing.T) {
 // fragmented query result, pongs, pings, changes) is counted as nbio writes
 // it.
 func TestUnsentIsZeroOnceAllIsRead(t *testing.T) {
-	st, err := memstore.New(memstore.Config{TTL: 2 * time.Second, Grace: 400 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Config{Addr: "127.0.0.1:0", Store: st, NodeID: "test", TTL: 2 * time.Second,
-		HeartbeatInterval: 300 * time.Millisecond, PingInterval: 50 * time.Millisecond, RateBurst: 100,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
+	s, st := startInternal(t, 50*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for _, u := range []string{"alice", "bob"} {
@@ -160,24 +143,7 @@ func TestUnsentIsZeroOnceAllIsRead(t *testing.T) {
 // Every socket's walker (which also holds the client onWritten counts) is
 // gone once the socket closes, however it closed: none is left behind.
 func TestWalkersGoWithTheirSockets(t *testing.T) {
-	st, err := memstore.New(memstore.Config{TTL: 2 * time.Second, Grace: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Config{Addr: "127.0.0.1:0", Store: st, NodeID: "test", TTL: 2 * time.Second,
-		HeartbeatInterval: 300 * time.Millisecond, RateBurst: 100,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
+	s, _ := startInternal(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	const n = 40
@@ -208,4 +174,30 @@ func TestWalkersGoWithTheirSockets(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// startInternal starts a server on the memory store (ttl 2 s, grace
+// 400 ms, heartbeats every 300 ms), pinging silent sockets every ping
+// (0: the heartbeat interval), stopped when the test ends.
+func startInternal(t *testing.T, ping time.Duration) (*Server, *memstore.Store) {
+	t.Helper()
+	st, err := memstore.New(memstore.Config{TTL: 2 * time.Second, Grace: 400 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Addr: "127.0.0.1:0", Store: st, NodeID: "test", TTL: 2 * time.Second,
+		HeartbeatInterval: 300 * time.Millisecond, PingInterval: ping, RateBurst: 100,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	return s, st
 }
