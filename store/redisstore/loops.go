@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
 )
 
@@ -139,8 +140,8 @@ func (s *Store) reassertAll(ctx context.Context, all []assertion) error {
 	}
 	calls := make([]call, len(all))
 	for i, e := range all {
-		calls[i] = call{keys: userKeys(e.c.user, ncKey(shardOf(e.c.user), e.c.node)),
-			args: []any{e.id, e.c.user, e.c.device, e.c.node, s.ttlMS(), boolArg(e.c.active), "1", e.c.statusSeq}}
+		keys, args := s.connectCall(presence.Conn{ID: e.id, UserID: e.c.user, Device: e.c.device, Node: e.c.node}, e.c, true)
+		calls[i] = call{keys: keys, args: args}
 	}
 	start := time.Now()
 	replies, errs := s.evalMany(ctx, s.sc.connect, calls)
