@@ -116,7 +116,7 @@ func Dial(ctx context.Context, url string, opts Options) (*Client, error) {
 		opts:    opts,
 		url:     u,
 		pres:    newPresenceMap(),
-		changes: newChangeQueue(opts.ChangesBuffer),
+		changes: newChangeQueue(changesCapacity(opts)),
 		ready:   make(chan struct{}),
 		status:  protocol.StateOnline,
 		thawed:  make(chan struct{}),
@@ -133,13 +133,28 @@ func Dial(ctx context.Context, url string, opts Options) (*Client, error) {
 		c.setState(StateChange{State: Closed, Err: err})
 		return nil, err
 	}
-	c.wg.Add(2)
-	go func() {
-		defer c.wg.Done()
-		c.changes.run(c.ctx.Done())
-	}()
+	c.wg.Add(1)
+	if opts.DisableChanges {
+		// Nothing is ever queued: out only has to close with the client.
+		context.AfterFunc(c.ctx, func() { close(c.changes.out) })
+	} else {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.changes.run(c.ctx.Done())
+		}()
+	}
 	go c.run(s)
 	return c, nil
+}
+
+// changesCapacity is the Changes channel's buffer: none when it is never fed
+// (a load generator's thousands of clients would hold 256 empty slots each).
+func changesCapacity(o Options) int {
+	if o.DisableChanges {
+		return 0
+	}
+	return o.ChangesBuffer
 }
 
 // Close ends the connection (with a close handshake unless frozen), stops

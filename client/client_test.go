@@ -743,6 +743,19 @@ func TestDialAndCloseErrors(t *testing.T) {
 	if _, ok := <-c.Changes(); ok {
 		t.Error("Changes not closed after Close")
 	}
+
+	// Unfed, the channel has no buffer and still closes with the client.
+	c, err = Dial(ctx, fs.url(), Options{User: "alice", DisableChanges: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cap(c.Changes()) != 0 {
+		t.Errorf("unfed Changes channel holds %d slots", cap(c.Changes()))
+	}
+	c.Close()
+	if _, ok := <-c.Changes(); ok {
+		t.Error("unfed Changes not closed after Close")
+	}
 }
 
 func TestDisableChangesLeavesTheChannelUnfed(t *testing.T) {

@@ -101,6 +101,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	durationVar(fs, &o.MaxTime, "max-time", 0, "the `duration` bounding the whole run (default --duration + 10m)")
 	quiet := fs.Bool("quiet", false, "no progress line on stderr")
 	cpuProfile := fs.String("cpuprofile", "", "write the load process's CPU profile to this file")
+	memProfile := fs.String("memprofile", "", "on SIGUSR1, each load process writes its heap profile to this file (worker i: file.i)")
 	fs.StringVar(&worker, "worker", "", "internal: serve as child worker i/n over stdin and stdout")
 
 	scenario := ""
@@ -157,7 +158,13 @@ func bench(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		if *memProfile != "" {
+			go heapOnSignal(ctx, fmt.Sprintf("%s.%d", *memProfile, i))
+		}
 		return loadgen.ServeWorker(ctx, scenario, o, i, n, os.Stdin, stdout)
+	}
+	if *memProfile != "" {
+		go heapOnSignal(ctx, *memProfile)
 	}
 	if !*quiet {
 		o.Progress = stderr
@@ -222,4 +229,25 @@ func (l pidList) Set(v string) error {
 	}
 	*l.p = out
 	return nil
+}
+
+// heapOnSignal writes the process's heap profile to path at each SIGUSR1,
+// until ctx ends: the load generator's own memory, read mid-run.
+func heapOnSignal(ctx context.Context, path string) {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGUSR1)
+	defer signal.Stop(sig)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sig:
+			f, err := os.Create(path)
+			if err != nil {
+				continue
+			}
+			_ = pprof.WriteHeapProfile(f)
+			f.Close()
+		}
+	}
 }
