@@ -324,6 +324,18 @@ func (c *client) noteRecentLocked(users []presence.Presence, frame protocol.Snap
 	c.recentUntil = now.Add(recentWindow)
 }
 
+// dropStaleRecent frees the snapshot's recent entries once their window is
+// over. inSnapshotLocked drops them at the next change, but an idle
+// connection may get none for hours: after a mass connect, where every
+// teammate is recent, each would keep a copy of most of its snapshot.
+func (c *client) dropStaleRecent() {
+	c.mu.Lock()
+	if c.recent != nil && c.srv.cfg.Now().After(c.recentUntil) {
+		c.recent = nil
+	}
+	c.mu.Unlock()
+}
+
 // maxRecent bounds the snapshot entries a connection keeps (noteRecentLocked).
 const maxRecent = 256
 

@@ -168,6 +168,39 @@ func TestSnapshotShownChangeNotResent(t *testing.T) {
 	}
 }
 
+// An idle connection gets no change that would drop its snapshot's recent
+// entries: its liveness check frees them once the window is over (after a
+// mass connect each connection would otherwise keep most of its snapshot).
+func TestIdleConnectionForgetsItsSnapshotEntries(t *testing.T) {
+	s := socketlessServer()
+	now := time.Now()
+	s.cfg.Now = func() time.Time { return now }
+	s.cfg.TTL = time.Minute
+	c := &client{srv: s}
+	c.closed.Store(true) // the snapshot's write becomes a no-op: no socket here
+	v := uint64(now.Add(-time.Second).UnixMicro())
+	c.sendSnapshot([]presence.Presence{{UserID: "bob", State: presence.Online, Version: v}})
+	if len(c.recent) != 1 {
+		t.Fatalf("recent = %v, want bob's entry", c.recent)
+	}
+	c.closed.Store(false)
+	check := func() {
+		c.lastFrame.Store(now.UnixNano()) // just heard from: no ping, no close
+		if _, live := c.checkSilence(); !live {
+			t.Fatal("a connection heard from just now was taken for silent")
+		}
+	}
+	check()
+	if len(c.recent) != 1 {
+		t.Fatalf("within the window the entries went: %v", c.recent)
+	}
+	now = now.Add(recentWindow + time.Second)
+	check()
+	if c.recent != nil {
+		t.Fatalf("past the window an idle connection keeps %v", c.recent)
+	}
+}
+
 func TestCatchUpVersions(t *testing.T) {
 	now := time.Now()
 	p := func(v uint64) presence.Presence {

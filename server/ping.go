@@ -164,6 +164,7 @@ func (c *client) checkSilence() (time.Duration, bool) {
 		}
 		return 0, false
 	}
+	c.dropStaleRecent()
 	next := c.untilDue(quiet)
 	if d := cfg.PingInterval; d > 0 && quiet >= d {
 		if err := c.send(websocket.PingMessage, nil); err != nil {
