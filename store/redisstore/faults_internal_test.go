@@ -678,8 +678,11 @@ func TestBeatIntoEmptiedRedisMarksIt(t *testing.T) {
 	if _, err := b.WholeStates(ctx, []string{"carol"}); !errors.Is(err, ErrRecovering) {
 		t.Fatalf("a snapshot read on b after the loss: err %v; want ErrRecovering (carol is not written back)", err)
 	}
+	// Its own shards' next sweep sees it (within ownedSweepMax: a's last
+	// sweep found nothing due before the node ttl).
 	testwait.For(t, 5*time.Second, func() error {
 		if !a.lostData.Load() && !a.awaitingResync.Load() {
+			_ = a.Sweep(ctx)
 			return errors.New("a has not started recovering from the loss its sweep saw")
 		}
 		return nil

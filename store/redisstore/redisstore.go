@@ -143,6 +143,7 @@ type Store struct {
 	// once per sweepFallback (see Sweep). All until the first beat says.
 	owned       atomic.Uint64
 	lastSwept   [numShards]atomic.Int64 // UnixNano of this node's last sweep of each shard
+	sweepDue    [numShards]atomic.Int64 // UnixNano when an owned shard's next claim falls due (sweep.lua)
 	onBroadcast atomic.Pointer[func([]byte)]
 	countsSet   atomic.Bool   // this node set channel counts: Close removes them
 	stop        chan struct{} // closed by Close; never sent on
@@ -512,6 +513,10 @@ func (s *Store) SetUserStatus(ctx context.Context, user string, st presence.Stat
 	v, err := run(ctx, s.rdb, s.sc.userStatus, userKeys(user), user, int(st.Mode), st.Text, st.Emoji, unixMS(st.ExpiresAt))
 	if err != nil {
 		return s.failed(store.OpUserStatus, fmt.Errorf("redisstore: status: %w", scriptErr(err)))
+	}
+	if !st.ExpiresAt.IsZero() {
+		// The shard's owner may not sweep it before its next known claim.
+		s.sweepAfter(shardOf(user), time.Until(st.ExpiresAt))
 	}
 	return s.apply(ctx, store.OpUserStatus, v, start)
 }

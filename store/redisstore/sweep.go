@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/greendot/greendot/store"
@@ -33,14 +34,23 @@ const allShards = 1<<numShards - 1
 // every other shard at once, releasing the dead node's connections in the
 // same tick as when every node swept every shard. While this node recovers
 // (Redis away, a data loss) it sweeps every shard.
+//
+// An owned shard is swept when its next claim falls due, as its last sweep
+// said (a grace end, a status expiry, a node's beat a node ttl old), and at
+// least every ownedSweepMax; not at every tick whatever is due, which was
+// most of an idle cluster's Redis CPU. What a sweep cannot know comes with
+// its own sweep: the grace a disconnect starts (sweepAtGraceEnd) and a
+// status expiry set (SetUserStatus), both on the node that wrote them.
 func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
 	every := !s.healthy.Load() || s.lostData.Load() || s.awaitingResync.Load()
 	owned := s.owned.Load()
 	due := start.Add(-s.sweepFallback()).UnixNano()
+	stale := start.Add(-s.ownedSweepMax()).UnixNano()
 	var shards, rest []int
 	for sh := range numShards {
-		if every || owned&(1<<sh) != 0 || s.lastSwept[sh].Load() <= due {
+		mine := owned&(1<<sh) != 0 && (s.sweepDue[sh].Load() <= start.UnixNano() || s.lastSwept[sh].Load() <= stale)
+		if every || mine || s.lastSwept[sh].Load() <= due {
 			shards = append(shards, sh)
 		} else {
 			rest = append(rest, sh)
@@ -77,6 +87,12 @@ func (s *Store) share(sh int, live, rank int64) {
 // sweepFallback is how often a node sweeps a shard it does not own.
 func (s *Store) sweepFallback() time.Duration { return s.cfg.NodeTTL / 3 }
 
+// ownedSweepMax is how long an owned shard goes unswept at most with
+// nothing due: what its last sweep could not see (a claim written since by
+// a node that died before its own sweep, a data loss whose beat reply was
+// lost) waits no longer.
+func (s *Store) ownedSweepMax() time.Duration { return min(s.cfg.NodeTTL/6, time.Second) }
+
 // sweepCall is the sweep script's call for shard sh.
 func (s *Store) sweepCall(sh int) call {
 	// Recovering from a loss lasts until the hold-off after this node wrote
@@ -97,8 +113,13 @@ func (s *Store) sweepAtGraceEnd(sh int) {
 	if s.cfg.Grace <= 0 {
 		return
 	}
-	// A few ms past it: the grace runs on Redis's clock from the script.
-	time.AfterFunc(s.cfg.Grace+5*time.Millisecond, func() {
+	s.sweepAfter(sh, s.cfg.Grace)
+}
+
+// sweepAfter sweeps shard sh once, d from now (a few ms past it: the
+// deadline runs on Redis's clock).
+func (s *Store) sweepAfter(sh int, d time.Duration) {
+	time.AfterFunc(max(d, 0)+5*time.Millisecond, func() {
 		if s.closed.Load() {
 			return
 		}
@@ -106,7 +127,7 @@ func (s *Store) sweepAtGraceEnd(sh int) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if _, err := s.sweepShards(ctx, []int{sh}, time.Now()); err != nil {
-			_ = s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep at grace end: %w", err))
+			_ = s.failed(store.OpSweep, fmt.Errorf("redisstore: sweep at a deadline: %w", err))
 		}
 	})
 }
@@ -128,11 +149,16 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 			continue
 		}
 		r, _ := v.([]any)
-		if len(r) != 5 {
+		if len(r) != 6 {
 			err = cmp.Or(err, fmt.Errorf("sweep reply %v", v))
 			continue
 		}
 		s.lastSwept[sh].Store(start.UnixNano())
+		if d := toInt(r[5]); d >= 0 {
+			s.sweepDue[sh].Store(start.Add(time.Duration(d) * time.Millisecond).UnixNano())
+		} else {
+			s.sweepDue[sh].Store(math.MaxInt64) // nothing waits: ownedSweepMax
+		}
 		if toInt(r[2]) > 0 {
 			dead = true
 			s.share(sh, toInt(r[3]), toInt(r[4]))

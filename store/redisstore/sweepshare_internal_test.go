@@ -53,7 +53,11 @@ func TestSweepsSharedOutAmongLiveNodes(t *testing.T) {
 		}
 	}
 
-	// Swept at each call: its own shards; the others once per fallback.
+	// Its own shards when their next claim falls due, and at least every
+	// ownedSweepMax; the others once per fallback, which is longer. Idle
+	// shards (the beats are the only thing due, a node ttl after each) are
+	// not swept again at once, and all of a's own come round before any of
+	// the others.
 	ctx := context.Background()
 	must(t, a.Sweep(ctx))
 	for checked := false; !checked; {
@@ -67,11 +71,31 @@ func TestSweepsSharedOutAmongLiveNodes(t *testing.T) {
 			continue // a beat shared the shards out anew meanwhile: again
 		}
 		for sh := range numShards {
-			own := owned&(1<<sh) != 0
-			if again := a.lastSwept[sh].Load() != before[sh]; again != own {
-				t.Fatalf("shard %d (owned by a: %v) swept again at once: %v", sh, own, again)
+			if a.lastSwept[sh].Load() != before[sh] {
+				t.Fatalf("shard %d (owned by a: %v) swept again at once with nothing due", sh, owned&(1<<sh) != 0)
 			}
 		}
+		testwait.For(t, 5*time.Second, func() error {
+			must(t, a.Sweep(ctx))
+			var mine, others []int
+			for sh := range numShards {
+				if a.lastSwept[sh].Load() == before[sh] {
+					continue
+				}
+				if owned&(1<<sh) != 0 {
+					mine = append(mine, sh)
+				} else {
+					others = append(others, sh)
+				}
+			}
+			if len(others) > 0 && a.owned.Load() == owned {
+				t.Fatalf("shards %v not a's swept before a's own came round (%d of %d)", others, len(mine), bits.OnesCount64(owned))
+			}
+			if len(mine) < bits.OnesCount64(owned) {
+				return fmt.Errorf("a's own shards swept again: %d of %d", len(mine), bits.OnesCount64(owned))
+			}
+			return nil
+		})
 		checked = true
 	}
 

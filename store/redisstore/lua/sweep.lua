@@ -16,8 +16,30 @@ local out = new_out()
 -- (below).
 local found, live, rank = 0, 0, -1
 -- The reply: whether the shard is in a data loss's hold-off (EM: nodes
--- refuse snapshots meanwhile), the outcome, then found, live and rank.
-local function swept() return {redis.call('EXISTS', EM), reply(out), found, live, rank} end
+-- refuse snapshots meanwhile), the outcome, then found, live and rank, and
+-- in how many ms the shard's next claim falls due (its owner sweeps it
+-- then rather than every tick; -1: nothing is waiting; 0: sweep again at
+-- once, as in a hold-off).
+local function swept(due) return {redis.call('EXISTS', EM), reply(out), found, live, rank, due} end
+-- next_due: the earliest of a grace end, a status expiry, a deadline a ttl
+-- late (the safety net below) and a node's beat a node ttl old, in ms from
+-- now; -1 when the shard holds none of them.
+local function next_due()
+  local due
+  local function at(key, late)
+    local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    if #r == 2 then
+      local t = tonumber(r[2]) + late
+      if not due or t < due then due = t end
+    end
+  end
+  at(GRACE, 0)
+  at(ST, 0)
+  at(DL, ttl)
+  at(NODES, nodettl)
+  if not due then return -1 end
+  return math.max(0, due - NOW_MS)
+end
 -- Nobody swept for a while: Redis was away or restarted with old data, or
 -- every node was paused. Hold off, so live nodes beat and re-assert before
 -- anything of theirs may be taken for dead.
@@ -38,9 +60,9 @@ if emptied or (last and NOW_MS - tonumber(last) > gap) then
   -- Reads of an emptied shard miss the users of nodes not written back yet:
   -- EM tells them so (States refuses) until the hold-off is over.
   if emptied then redis.call('SET', EM, '1', 'PX', holdoff) end
-  return swept()
+  return swept(0)
 end
-if NOW_MS < num(redis.call('GET', HO)) then return swept() end
+if NOW_MS < num(redis.call('GET', HO)) then return swept(0) end
 
 -- Connections of dead nodes: released well before their own ttl.
 local dead = redis.call('ZRANGEBYSCORE', NODES, '-inf', NOW_MS - nodettl, 'WITHSCORES', 'LIMIT', 0, 10)
@@ -125,4 +147,6 @@ while gi <= #ends or si <= #sts do
     end
   end
 end
-return swept()
+-- A claim left for the next sweep (a batch was full) is due at once.
+if #dead > 0 or #late >= 2 * limit or #ends >= 2 * limit or #sts >= 2 * limit then return swept(0) end
+return swept(next_due())
