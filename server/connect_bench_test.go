@@ -25,14 +25,9 @@ import (
 // and closes with the timer stopped. The client's dial and reads run in
 // the same process and count in ns/op and allocs/op.
 //
-// Known: on either store, some runs stop in the untimed first connects
-// with EOF for a handshake. Cause (nbio v1.6.8): its poller looks events
-// up by fd number. The previous socket is closed on a worker (nbio's
-// close-frame handler) while its client's FIN is being reported; the
-// accept loop's dup takes the freed number at once, and the poller hands
-// the old socket's EPOLLRDHUP to the new one and closes it unanswered.
-// Not fixed yet: the server must not reuse a number the poller may still
-// hold an event for.
+// Some runs used to stop in the untimed first connects with EOF for a
+// handshake: a socket closed off nbio's poller passed its client's FIN to
+// the next socket (server/sockclose.go; TestConnectsAmidCloses).
 //
 //	go test -run XXX -bench Connect -benchtime 2000x ./server
 func BenchmarkConnect(b *testing.B) {

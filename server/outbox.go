@@ -503,7 +503,7 @@ func (c *client) armStuck(d time.Duration) {
 // a close it runs once more, when the close frame's time is up.
 func (c *client) checkStuck() {
 	if c.closed.Load() {
-		_ = c.ws.Close() // the close frame was not taken in time, or another close is under way
+		closeWS(c.ws) // the close frame was not taken in time, or another close is under way
 		return
 	}
 	since := c.backlogSince.Load()
@@ -631,7 +631,7 @@ func (c *client) writeLocked(b []byte) {
 			c.srv.metrics.slowDisconnects.Inc()
 		}
 		c.closed.Store(true)
-		_ = c.ws.Close()
+		closeWS(c.ws)
 	}
 }
 
@@ -643,7 +643,7 @@ func (c *client) closeWith(code int, reason string) {
 	// Our close is no sign of life from the client: only its answering
 	// close frame is (the close handler notes it).
 	_ = c.send(websocket.CloseMessage, closePayload(code, reason))
-	_ = c.ws.Close()
+	closeWS(c.ws)
 }
 
 func (c *client) markClosed() {

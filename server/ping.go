@@ -160,7 +160,7 @@ func (c *client) checkSilence() (time.Duration, bool) {
 	quiet := time.Duration(cfg.Now().UnixNano() - c.lastFrame.Load())
 	if quiet >= cfg.TTL {
 		if !c.closed.Swap(true) {
-			_ = c.ws.Close()
+			closeWS(c.ws)
 		}
 		return 0, false
 	}

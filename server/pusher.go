@@ -113,10 +113,12 @@ func newPusher(s *Server) *pxServer {
 // after the upgrade, with pusher:error and the same close code.
 func (s *Server) handleApp(w http.ResponseWriter, r *http.Request) {
 	if !s.mayConnect(w, r) || !s.validUpgrade(w, r) {
+		closeAfterResponse(w)
 		return
 	}
 	ws, err := s.upgrader.Upgrade(w, r, nil)
 	if err != nil {
+		closeAfterResponse(w)
 		return
 	}
 	now := s.cfg.Now()

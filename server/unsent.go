@@ -1,6 +1,8 @@
 package server
 
 import (
+	"net"
+
 	"github.com/lesismal/nbio"
 	"github.com/lesismal/nbio/nbhttp"
 	"github.com/lesismal/nbio/nbhttp/websocket"
@@ -13,9 +15,11 @@ import (
 
 // nbioConn is the socket under an upgraded connection; nil if it is not one
 // of nbio's (then nothing is counted, and empty frames go unnoticed).
-func nbioConn(ws *websocket.Conn) *nbio.Conn {
-	raw := ws.Conn
-	if hc, ok := raw.(*nbhttp.Conn); ok { // upgraded from nbhttp's parser
+func nbioConn(ws *websocket.Conn) *nbio.Conn { return nbioSocket(ws.Conn) }
+
+// nbioSocket is nbio's socket under raw, or nil.
+func nbioSocket(raw net.Conn) *nbio.Conn {
+	if hc, ok := raw.(*nbhttp.Conn); ok { // upgraded from, or read by, nbhttp's parser
 		raw = hc.Conn
 	}
 	nbc, _ := raw.(*nbio.Conn)

@@ -39,9 +39,15 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 		if cl, ok := c.Session().(*client); ok {
 			cl.closeFrame.Store(true) // a clean close: the close is the last sign of life
 			_ = cl.send(websocket.CloseMessage, reply)
-			return
+		} else {
+			_ = c.WriteMessage(websocket.CloseMessage, reply)
 		}
-		_ = c.WriteMessage(websocket.CloseMessage, reply)
+		// nbio closes c on this goroutine once this returns, as the client's
+		// FIN comes in: its poller must have closed it first (sockclose.go).
+		if nbc := nbioConn(c); nbc != nil {
+			closeOnPoller(nbc)
+			awaitPollerClose(nbc, time.Second)
+		}
 	})
 	// A client's ping costs a rate token like a frame: answering a flood of
 	// them took a core. nbio runs this handler in the connection's serial
@@ -77,6 +83,12 @@ func (s *Server) newUpgrader() *websocket.Upgrader {
 // handleConnect authenticates, upgrades, registers the connection and sends
 // welcome and snapshot.
 func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
+	upgraded := false
+	defer func() {
+		if !upgraded {
+			closeAfterResponse(w)
+		}
+	}()
 	if !s.mayConnect(w, r) {
 		return
 	}
@@ -138,6 +150,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the upgrader has answered
 	}
+	upgraded = true
 	if nbc := nbioConn(ws); nbc != nil {
 		s.adm.authenticated(nbc)
 	}
@@ -229,10 +242,11 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 // allowed. A refused connect closes its connection: the request gate stops
 // reading a connection as HTTP once an upgrade request is handed over
 // (server.go, onData). An upgrade hijacks the connection and sends its own
-// headers, so the close only reaches refusals.
+// headers, so the close only reaches refusals. The caller closes an nbio
+// socket itself (closeAfterResponse); only another server needs Close.
 func (s *Server) mayConnect(w http.ResponseWriter, r *http.Request) bool {
 	w.Header().Set("Connection", "close")
-	r.Close = true
+	r.Close = responseSocket(w) == nil
 	if s.draining.Load() {
 		s.metrics.connectsRejected.WithLabelValues(reasonDraining).Inc()
 		writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "this node is draining; connect to another")
