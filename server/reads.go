@@ -79,10 +79,11 @@ func (s *Server) teamStates(ctx context.Context, team string) ([]presence.Presen
 
 // readWholeStates is readStates, refused with store.ErrRecovering while the
 // store could miss users after a data loss (store.LossGuard): a snapshot or
-// a resync would take them for offline.
+// a resync would take them for offline. No users to read is checked too:
+// the members read before may be none because they were lost.
 func (s *Server) readWholeStates(ctx context.Context, users []string) ([]presence.Presence, error) {
 	g, ok := s.store.(store.LossGuard)
-	if !ok || len(users) == 0 {
+	if !ok {
 		return s.readStates(ctx, users)
 	}
 	var ps []presence.Presence

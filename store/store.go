@@ -36,7 +36,10 @@ var (
 type LossGuard interface {
 	// Intact answers from what the store last saw (no round trip).
 	Intact() error
-	// WholeStates is StateReader.States, checked in the same read.
+	// WholeStates is StateReader.States, checked in the same read, after
+	// it, and over every part of the store that the caller's reads just
+	// before (teams, members) came from: with no users too, since a loss
+	// before those reads makes them answer none.
 	WholeStates(ctx context.Context, userIDs []string) ([]presence.Presence, error)
 }
 

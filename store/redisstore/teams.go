@@ -520,14 +520,59 @@ func (s *Store) States(ctx context.Context, userIDs []string) ([]presence.Presen
 // ErrRecovering if a shard read is in the hold-off after a data loss (EM)
 // or was emptied and not swept since (no LS): its users of nodes not
 // written back yet would read as offline. Checked in the same pipeline as
-// the read.
+// the read, and on every master, even with no users to read (see
+// addWitnesses).
 func (s *Store) WholeStates(ctx context.Context, userIDs []string) ([]presence.Presence, error) {
 	return s.states(ctx, userIDs, true)
 }
 
+// addWitnesses adds to byShard a shard, with no user to read, on each
+// master that none of its shards is on. The caller read the users' list
+// before (its teams, their members), from other slots: a master that lost
+// its data before that read answered no members, whose states are then
+// not asked for at all, and the check of the shards read passes (chaos,
+// cluster: a snapshot between the FLUSHALLs of two masters left out a
+// live user). A check on that master, after the read, sees the loss. On
+// one Redis any shard is that master; one is added only if none is read.
+// The masters come from go-redis's slot map, without a round trip; a
+// master that holds no shard (more masters than shards) goes unchecked.
+func (s *Store) addWitnesses(ctx context.Context, byShard map[int][]int) {
+	cc, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		if len(byShard) == 0 {
+			byShard[0] = nil
+		}
+		return
+	}
+	var masters [numShards]string
+	for sh := range masters {
+		c, err := cc.MasterForKey(ctx, prefix(sh))
+		if err != nil {
+			// No slot map: check every shard.
+			for sh := range numShards {
+				if _, ok := byShard[sh]; !ok {
+					byShard[sh] = nil
+				}
+			}
+			return
+		}
+		masters[sh] = c.Options().Addr
+	}
+	covered := make(map[string]bool)
+	for sh := range byShard {
+		covered[masters[sh]] = true
+	}
+	for sh, m := range masters {
+		if !covered[m] {
+			covered[m] = true
+			byShard[sh] = nil
+		}
+	}
+}
+
 func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]presence.Presence, error) {
 	out := make([]presence.Presence, len(userIDs))
-	if len(userIDs) == 0 {
+	if len(userIDs) == 0 && !whole {
 		return out, nil
 	}
 	byShard := make(map[int][]int) // shard → indexes into userIDs
@@ -535,6 +580,9 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 		out[i].UserID = u
 		sh := shardOf(u)
 		byShard[sh] = append(byShard[sh], i)
+	}
+	if whole {
+		s.addWitnesses(ctx, byShard)
 	}
 	pipe := s.rdb.Pipeline()
 	type shardRead struct {
@@ -583,8 +631,25 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 		u := userIDs[i]
 		cmds[k] = pipe.HMGet(ctx, prefix(shardOf(u))+"u:"+u, "s", "v", "lk", "ss")
 	}
+	// This round trip reads after the first one's check: its shards are
+	// checked again, after the read (a loss in between reads as offline).
+	var checks []*redis.SliceCmd
+	if whole {
+		seen := make(map[int]bool)
+		for _, i := range missing {
+			if sh := shardOf(userIDs[i]); !seen[sh] {
+				seen[sh] = true
+				checks = append(checks, pipe.MGet(ctx, prefix(sh)+"ls", prefix(sh)+"em"))
+			}
+		}
+	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))
+	}
+	for _, c := range checks {
+		if vals := c.Val(); len(vals) != 2 || vals[0] == nil || vals[1] != nil {
+			return nil, ErrRecovering
+		}
 	}
 	for k, c := range cmds {
 		vals := c.Val()
