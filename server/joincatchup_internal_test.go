@@ -135,7 +135,7 @@ func catchUpHub(t *testing.T, kind string, members [][2]string) (*hub, store.Sto
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.hub.noteSnapshot(user, members, ps)
+		s.hub.noteSnapshot(c, members, ps)
 		return c
 	}
 	return s.hub, st, sm, local

@@ -57,3 +57,102 @@ func TestResyncSendsATeammateOfTwoTeamsOnce(t *testing.T) {
 		}
 	})
 }
+
+// mixedTeam is a team whose members disagree: alice's snapshot showed bob
+// online, carol's, read after bob went idle and before that change reached
+// the node, shows him away. It returns the wires of alice and carol and
+// bob's away version.
+func mixedTeam(t *testing.T, kind string) (*hub, store.Store, *wire, *wire, uint64) {
+	t.Helper()
+	h, st, _, local := catchUpHub(t, kind, [][2]string{{"t", "alice"}, {"t", "bob"}, {"t", "carol"}})
+	online(t, st, "bob")
+	wa := &wire{c: local("alice")}
+	v := away(t, st, "bob")
+	wc := &wire{c: local("carol")}
+	if cur, _ := h.views.get("t", "bob"); cur.odd == nil {
+		t.Fatalf("t's view of bob = %+v, want mixed", cur)
+	}
+	return h, st, wa, wc, v
+}
+
+// A resync after the away was lost sends it to alice only: carol holds it.
+func TestResyncOfAMixedTeamSkipsWhoHoldsTheState(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		h, _, wa, wc, v := mixedTeam(t, kind)
+		h.resync(noFloor)
+		wa.write()
+		wc.write()
+		if got, want := wa.String(), fmt.Sprintf("[bob=away@%d]", v); got != want {
+			t.Fatalf("alice was sent %s, want bob away", got)
+		}
+		if got := wc.String(); got != "[]" {
+			t.Fatalf("carol was sent %s, want nothing: her snapshot showed bob away", got)
+		}
+		if cur, _ := h.views.get("t", "bob"); cur.odd != nil {
+			t.Fatalf("t's view of bob = %+v after the resync, want agreed", cur)
+		}
+	})
+}
+
+// The away, arriving late, reaches alice only; a later change reaches
+// whoever holds something else, and then the team agrees again.
+func TestRouteToAMixedTeamSkipsWhoHoldsTheState(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		h, _, wa, wc, v := mixedTeam(t, kind)
+		h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Away, v), Teams: []string{"t"}, Via: "t"})
+		wa.write()
+		wc.write()
+		if got, want := wa.String(), fmt.Sprintf("[bob=away@%d]", v); got != want {
+			t.Fatalf("alice was sent %s, want bob away", got)
+		}
+		if got := wc.String(); got != "[]" {
+			t.Fatalf("carol was sent %s, want nothing: her snapshot showed bob away", got)
+		}
+		h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Online, v+1), Teams: []string{"t"}, Via: "t"})
+		wa.write()
+		wc.write()
+		want := fmt.Sprintf("bob=online@%d", v+1)
+		if got := wa.String(); got != fmt.Sprintf("[bob=away@%d %s]", v, want) {
+			t.Fatalf("alice was sent %s, want bob away then online", got)
+		}
+		if got := wc.String(); got != "["+want+"]" {
+			t.Fatalf("carol was sent %s, want bob online", got)
+		}
+	})
+}
+
+// A change back to what the members read before the reader's snapshot
+// reaches the reader, who holds something else, and only it.
+func TestRouteToAMixedTeamReachesTheReader(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		h, _, wa, wc, v := mixedTeam(t, kind)
+		h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Online, v+1), Teams: []string{"t"}, Via: "t"})
+		wa.write()
+		wc.write()
+		if got := wa.String(); got != "[]" {
+			t.Fatalf("alice was sent %s, want nothing: she holds bob online", got)
+		}
+		if got, want := wc.String(), fmt.Sprintf("[bob=online@%d]", v+1); got != want {
+			t.Fatalf("carol was sent %s, want bob online", got)
+		}
+	})
+}
+
+// A connection indexed under the team whose snapshot is not noted yet is
+// sent every change of a mixed view: the odds know nothing of it.
+func TestRouteToAMixedTeamReachesAConnectionNotNotedYet(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		h, _, _, _, v := mixedTeam(t, kind)
+		c := &client{srv: h.srv, user: "carol"}
+		c.closed.Store(true)
+		if _, err := h.add(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+		w := &wire{c: c}
+		h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Online, v+1), Teams: []string{"t"}, Via: "t"})
+		w.write()
+		if got, want := w.String(), fmt.Sprintf("[bob=online@%d]", v+1); got != want {
+			t.Fatalf("carol's new connection was sent %s, want bob online", got)
+		}
+	})
+}

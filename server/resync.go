@@ -83,7 +83,7 @@ func (h *hub) resync(floor func(string) uint64) {
 		}
 		h.mu.RLock()
 		members := h.byTeam[team]
-		var diff []presence.Change
+		var diff []resyncChange
 		var unseen []presence.Presence
 		if members != nil {
 			unseen = h.views.unseenOffline(team, truth)
@@ -104,14 +104,16 @@ func (h *hub) resync(floor func(string) uint64) {
 			}
 		}
 		for _, ch := range diff {
-			wc := wireChange(ch)
+			wc := wireChange(ch.Change)
 			wc.At = now
 			for lu := range members {
 				if lu.id == ch.UserID {
 					continue
 				}
 				for _, c := range lu.conns {
-					give(c, wc)
+					if ch.to.to(c) { // not to whom holds it already
+						give(c, wc)
+					}
 				}
 			}
 		}
