@@ -22,11 +22,14 @@ import (
 // the caller sees the answer: a test routes a change while the read is in
 // flight. beforeMembers runs before every read of a team's members (a
 // resync reads them team by team).
-type seam struct{ afterRead, beforeMembers func() }
+type seam struct {
+	afterRead     func()
+	beforeMembers func(team string)
+}
 
-func (s *seam) members() {
+func (s *seam) members(team string) {
 	if f := s.beforeMembers; f != nil {
-		f()
+		f(team)
 	}
 }
 
@@ -55,7 +58,7 @@ func (sharedHooked) Watch(context.Context, []string) error { return nil }
 func (sharedHooked) Unwatch([]string)                      {}
 
 func (s hookedMem) Members(ctx context.Context, team string) ([]string, error) {
-	s.members()
+	s.members(team)
 	return s.Store.Members(ctx, team)
 }
 
@@ -71,7 +74,7 @@ func (s hookedRedis) Presence(ctx context.Context, users []string) ([]presence.P
 }
 
 func (s hookedRedis) Members(ctx context.Context, team string) ([]string, error) {
-	s.members()
+	s.members(team)
 	return s.Store.Members(ctx, team)
 }
 

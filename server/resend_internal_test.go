@@ -22,16 +22,21 @@ func eachSharedStore(t *testing.T, f func(t *testing.T, kind string)) {
 // in an outage), and returns the new version.
 func away(t *testing.T, st store.Store, user string) uint64 {
 	t.Helper()
+	return setActive(t, st, user, false)
+}
+
+func setActive(t *testing.T, st store.Store, user string, active bool) uint64 {
+	t.Helper()
 	ctx := context.Background()
-	if err := st.SetStatus(ctx, "d-"+user, false); err != nil {
+	if err := st.SetStatus(ctx, "d-"+user, active); err != nil {
 		t.Fatal(err)
 	}
 	ps, err := st.Presence(ctx, []string{user})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ps[0].State != presence.Away {
-		t.Fatalf("%s is %v, want away", user, ps[0].State)
+	if want := map[bool]presence.State{true: presence.Online, false: presence.Away}[active]; ps[0].State != want {
+		t.Fatalf("%s is %v, want %v", user, ps[0].State, want)
 	}
 	return ps[0].Version
 }
@@ -49,7 +54,7 @@ func TestResyncSendsATeammateOfTwoTeamsOnce(t *testing.T) {
 		online(t, st, "bob")
 		w := &wire{c: local("alice")}
 		v := away(t, st, "bob")
-		sm.beforeMembers = w.write
+		sm.beforeMembers = func(string) { w.write() }
 		h.resync(noFloor)
 		w.write()
 		if got, want := w.String(), fmt.Sprintf("[bob=away@%d]", v); got != want {
@@ -153,6 +158,44 @@ func TestRouteToAMixedTeamReachesAConnectionNotNotedYet(t *testing.T) {
 		w.write()
 		if got, want := w.String(), fmt.Sprintf("[bob=online@%d]", v+1); got != want {
 			t.Fatalf("carol's new connection was sent %s, want bob online", got)
+		}
+	})
+}
+
+// A resync pushes a connection a teammate's truth through the first team it
+// reads; a change routed before the second team's turn, through that team
+// first, must not take the second team's odds (from before the push) for
+// what the connection holds.
+func TestRouteThroughATeamTheResyncHasNotReachedYet(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		members := [][2]string{}
+		for _, team := range []string{"t1", "t2"} {
+			for _, u := range []string{"alice", "bob", "dave"} {
+				members = append(members, [2]string{team, u})
+			}
+		}
+		h, st, sm, local := catchUpHub(t, kind, members)
+		online(t, st, "bob")
+		local("dave")                 // holds bob online
+		away(t, st, "bob")            // missed
+		w := &wire{c: local("alice")} // holds bob away: both teams mixed
+		v3 := setActive(t, st, "bob", true)
+		var first string
+		var v4 uint64
+		sm.beforeMembers = func(team string) {
+			w.write()
+			if first == "" {
+				first = team
+				return
+			}
+			v4 = away(t, st, "bob")
+			h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Away, v4), Teams: []string{team, first}, Via: team})
+			w.write()
+		}
+		h.resync(func(string) uint64 { return v3 + 1 })
+		w.write()
+		if got, want := w.String(), fmt.Sprintf("[bob=online@%d bob=away@%d]", v3, v4); got != want {
+			t.Fatalf("alice was sent %s, want bob online then away", got)
 		}
 	})
 }

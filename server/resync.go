@@ -45,7 +45,7 @@ func (h *hub) resync(floor func(string) uint64) {
 	// teams differs in both, and a viewer in both would be sent it twice.
 	// What this resync queued to each connection, for its length only.
 	given := make(map[givenKey]uint64)
-	give := func(c *client, ch protocol.Change) {
+	give := func(lu *localUser, c *client, ch protocol.Change, team string) {
 		k := givenKey{c, ch.UserID}
 		if v, ok := given[k]; ok && v >= ch.Version {
 			return
@@ -53,6 +53,13 @@ func (h *hub) resync(floor func(string) uint64) {
 		given[k] = ch.Version
 		c.push(ch, true)
 		sent++
+		// The views of lu's other teams, not resynced yet, may name c as
+		// holding something else: their odds no longer know.
+		for t := range lu.teams {
+			if t != team {
+				h.views.unsure(t, ch.UserID)
+			}
+		}
 	}
 	// After a data loss the store refuses reads until the nodes have
 	// written their connections back: the resync waits for that (a node
@@ -97,7 +104,7 @@ func (h *hub) resync(floor func(string) uint64) {
 				for _, c := range lu.conns {
 					if stale, was := c.unhide(p.UserID); stale && lu.id != p.UserID {
 						if ch, ok := catchUp(p, was, at); ok {
-							give(c, ch)
+							give(lu, c, ch, team)
 						}
 					}
 				}
@@ -112,7 +119,7 @@ func (h *hub) resync(floor func(string) uint64) {
 				}
 				for _, c := range lu.conns {
 					if ch.to.to(c) { // not to whom holds it already
-						give(c, wc)
+						give(lu, c, wc, team)
 					}
 				}
 			}

@@ -170,6 +170,8 @@ func (v *views) route(teams []string, ch presence.Change, deliver []reach) {
 			break
 		}
 	}
+	sent := false
+	var kept []string // teams whose view stays as it was, odds and all
 	for i, t := range teams {
 		m := v.teamLocked(t)
 		cur, ok := m[ch.UserID]
@@ -189,8 +191,19 @@ func (v *views) route(teams []string, ch presence.Change, deliver []reach) {
 			deliver[i] = reach{}
 			cur.routed = max(cur.routed, ch.Version)
 			next = cur
+			if cur.odd != nil {
+				kept = append(kept, t)
+			}
 		}
+		sent = sent || deliver[i].any()
 		m[ch.UserID] = next
+	}
+	if sent {
+		// What reached a member through another team may change what it
+		// holds here: those odds no longer know.
+		for _, t := range kept {
+			v.unsureLocked(t, ch.UserID)
+		}
 	}
 }
 
@@ -390,6 +403,10 @@ type resyncChange struct {
 func (v *views) unsure(team, subject string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.unsureLocked(team, subject)
+}
+
+func (v *views) unsureLocked(team, subject string) {
 	if cur, ok := v.byTeam[team][subject]; ok && cur.odd != nil {
 		cur.odd = unsure()
 		v.byTeam[team][subject] = cur
