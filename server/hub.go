@@ -273,11 +273,13 @@ func (h *hub) teamsOf(user string) []string {
 	return out
 }
 
-// noteSnapshot records in views what a new connection of user was given.
-func (h *hub) noteSnapshot(user string, members map[string][]string, ps []presence.Presence) {
+// noteSnapshot records in views what a new connection c was given, before
+// it is sent: a change routed meanwhile is folded into it, or follows it.
+func (h *hub) noteSnapshot(c *client, members map[string][]string, ps []presence.Presence) {
 	if h.views == nil {
 		return
 	}
+	user := c.user
 	byUser := make(map[string]presence.Presence, len(ps))
 	for _, p := range ps {
 		byUser[p.UserID] = p
@@ -302,8 +304,9 @@ func (h *hub) noteSnapshot(user string, members map[string][]string, ps []presen
 				read = append(read, p)
 			}
 		}
-		h.views.readAll(team, read, crowded)
+		h.views.readAll(team, read, c, crowded)
 	}
+	c.noted.Store(true)
 }
 
 // drainAll tells every client to reconnect after a random delay within

@@ -20,8 +20,18 @@ import (
 
 // seam runs afterRead once, after a catch-up's Presence read and before
 // the caller sees the answer: a test routes a change while the read is in
-// flight.
-type seam struct{ afterRead func() }
+// flight. beforeMembers runs before every read of a team's members (a
+// resync reads them team by team).
+type seam struct {
+	afterRead     func()
+	beforeMembers func(team string)
+}
+
+func (s *seam) members(team string) {
+	if f := s.beforeMembers; f != nil {
+		f(team)
+	}
+}
 
 func (s *seam) fire() {
 	if f := s.afterRead; f != nil {
@@ -47,6 +57,11 @@ type sharedHooked struct{ hookedMem }
 func (sharedHooked) Watch(context.Context, []string) error { return nil }
 func (sharedHooked) Unwatch([]string)                      {}
 
+func (s hookedMem) Members(ctx context.Context, team string) ([]string, error) {
+	s.members(team)
+	return s.Store.Members(ctx, team)
+}
+
 type hookedRedis struct {
 	*redisstore.Store
 	*seam
@@ -56,6 +71,11 @@ func (s hookedRedis) Presence(ctx context.Context, users []string) ([]presence.P
 	ps, err := s.Store.Presence(ctx, users)
 	s.fire()
 	return ps, err
+}
+
+func (s hookedRedis) Members(ctx context.Context, team string) ([]string, error) {
+	s.members(team)
+	return s.Store.Members(ctx, team)
 }
 
 // catchUpHub is a hub on each store as the hub runs it: the memory store
@@ -118,7 +138,7 @@ func catchUpHub(t *testing.T, kind string, members [][2]string) (*hub, store.Sto
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.hub.noteSnapshot(user, members, ps)
+		s.hub.noteSnapshot(c, members, ps)
 		return c
 	}
 	return s.hub, st, sm, local

@@ -51,6 +51,9 @@ type client struct {
 	// connection stays on the dirty list (queued) and onWritten lists it
 	// again once the socket has drained. Whoever clears it does that.
 	stalled atomic.Bool
+	// noted: its snapshot is recorded in views (a shared store), which
+	// until then know nothing of what it holds: every change reaches it.
+	noted atomic.Bool
 
 	timerMu    sync.Mutex  // never held while writing
 	stuckTimer *time.Timer // checkStuck; nil until the first backlog

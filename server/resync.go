@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
 	"github.com/greendot/greendot/store"
 )
 
@@ -40,6 +41,26 @@ func (h *hub) resync(floor func(string) uint64) {
 	// among those: its join event was missed with the rest.
 	teams = append(teams, h.missedTeams(users, teams)...)
 	sent := 0
+	// Each team's view is compared on its own: a subject seen through two
+	// teams differs in both, and a viewer in both would be sent it twice.
+	// What this resync queued to each connection, for its length only.
+	given := make(map[givenKey]uint64)
+	give := func(lu *localUser, c *client, ch protocol.Change, team string) {
+		k := givenKey{c, ch.UserID}
+		if v, ok := given[k]; ok && v >= ch.Version {
+			return
+		}
+		given[k] = ch.Version
+		c.push(ch, true)
+		sent++
+		// The views of lu's other teams, not resynced yet, may name c as
+		// holding something else: their odds no longer know.
+		for t := range lu.teams {
+			if t != team {
+				h.views.unsure(t, ch.UserID)
+			}
+		}
+	}
 	// After a data loss the store refuses reads until the nodes have
 	// written their connections back: the resync waits for that (a node
 	// can get Redis back before it learns that the data is gone).
@@ -69,7 +90,7 @@ func (h *hub) resync(floor func(string) uint64) {
 		}
 		h.mu.RLock()
 		members := h.byTeam[team]
-		var diff []presence.Change
+		var diff []resyncChange
 		var unseen []presence.Presence
 		if members != nil {
 			unseen = h.views.unseenOffline(team, truth)
@@ -83,29 +104,35 @@ func (h *hub) resync(floor func(string) uint64) {
 				for _, c := range lu.conns {
 					if stale, was := c.unhide(p.UserID); stale && lu.id != p.UserID {
 						if ch, ok := catchUp(p, was, at); ok {
-							c.push(ch, true)
-							sent++
+							give(lu, c, ch, team)
 						}
 					}
 				}
 			}
 		}
 		for _, ch := range diff {
-			wc := wireChange(ch)
+			wc := wireChange(ch.Change)
 			wc.At = now
 			for lu := range members {
 				if lu.id == ch.UserID {
 					continue
 				}
 				for _, c := range lu.conns {
-					c.push(wc, true)
-					sent++
+					if ch.to.to(c) { // not to whom holds it already
+						give(lu, c, wc, team)
+					}
 				}
 			}
 		}
 		h.mu.RUnlock()
 	}
 	h.srv.metrics.resyncDeliveries.Add(float64(sent))
+}
+
+// givenKey is a connection and a subject a resync queued it.
+type givenKey struct {
+	c       *client
+	subject string
 }
 
 // applyMissedMembership compares the members of team (truth) with the local

@@ -38,7 +38,7 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 			}
 		}
 	}
-	var deliver []bool
+	var deliver []reach
 	if h.views != nil {
 		all := teams
 		teams = make([]string, 0, len(all))
@@ -47,11 +47,11 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 				teams = append(teams, t)
 			}
 		}
-		deliver = make([]bool, len(teams))
+		deliver = make([]reach, len(teams))
 		h.views.route(teams, ev.Change, deliver)
 	}
 	for i, t := range teams {
-		if deliver != nil && !deliver[i] {
+		if deliver != nil && !deliver[i].any() {
 			continue
 		}
 		routed = true
@@ -69,6 +69,9 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 				seen[lu] = struct{}{}
 			}
 			for _, c := range lu.conns {
+				if deliver != nil && !deliver[i].to(c) {
+					continue // holds it already
+				}
 				if c.queue(ch, false, false) {
 					lu.flight.note(ch.UserID, ch.Version)
 				}
@@ -197,14 +200,15 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		case !ev.Joined:
 			held = cur.version
 			h.views.forget(ev.Team, ev.UserID)
-		case ok && cur.version >= ev.Version && !cur.mixed:
+		case ok && cur.version >= ev.Version && cur.odd == nil:
 			given = true
 		case ok && cur.version >= ev.Version:
+			h.views.unsure(ev.Team, ev.UserID) // pushed to some below, unseen by its odds
 			shown = presence.Presence{UserID: ev.UserID, State: cur.look.State, Version: cur.version,
 				ShownLastSeen: msTime(cur.look.LastSeen),
 				Status:        presence.Status{Text: cur.look.Text, Emoji: cur.look.Emoji, ExpiresAt: msTime(cur.look.ExpiresAt)}}
 		default:
-			h.views.read(ev.Team, shown, false)
+			h.views.read(ev.Team, shown, nil, false)
 		}
 	}
 	type notedPush struct {
@@ -444,7 +448,7 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 			if cur, ok := h.views.get(ev.Team, p.UserID); ok && cur.version > p.Version {
 				continue
 			}
-			h.views.read(ev.Team, p, crowded)
+			h.views.read(ev.Team, p, nil, crowded)
 			kept = append(kept, p)
 		}
 		ps = kept

@@ -22,7 +22,8 @@ import (
 //
 // Memory is one entry per team with local members and subject seen through
 // it: bounded by what the local viewers may see. A team's entries go when
-// its last local member leaves.
+// its last local member leaves. While an entry's members disagree it also
+// names the connections holding something else (odds), at most maxOdds.
 type views struct {
 	mu     sync.Mutex
 	byTeam map[string]map[string]view // team → subject → view; guarded by mu
@@ -33,10 +34,117 @@ type view struct {
 	version uint64        // the newest version routed or read: older copies are stale
 	routed  uint64        // the newest version routed: a copy of it is no news
 	look    presence.Look // what they see: state, status text, last seen
-	// mixed: some members may hold another look than look (a snapshot read
-	// disagreed with what was routed, or changes were missed). Cleared once a
-	// change at or above version has been delivered to all of them.
-	mixed bool
+	// odd: nil while every member holds look (at version, or at an older
+	// one with the same look). Otherwise some may hold another (a snapshot
+	// read disagreed with what was routed): who holds what, as far as known.
+	// Cleared once a change at or above version has reached all of them.
+	odd *odds
+}
+
+// odds is what the members of a mixed view hold. Only the exceptions are
+// kept, and only while the members disagree, so an idle connection costs a
+// view nothing: a per-connection record of every teammate would. A change
+// then goes to the connections whose hold differs from it, not to all of
+// them: one that holds it already would get the same version twice.
+//
+// Only a snapshot read says exactly who holds what (noteSnapshot names the
+// connection); every other disagreement (a join's catch-up, a team adopted
+// from another) makes it all: every member is sent, as when nothing was
+// known. A connection whose snapshot was not noted yet is always sent
+// (client.noted): odds know nothing of it.
+type odds struct {
+	base   held             // what the members not in except hold
+	except map[*client]held // connections that hold something else
+	all    bool             // not known: every member is sent
+}
+
+// held is what a connection holds of a subject. The zero held is nothing,
+// which any offline matches.
+type held struct {
+	version uint64
+	look    presence.Look
+	unknown bool // it may hold a newer state routed since its read
+}
+
+// maxOdds bounds a view's exceptions; beyond them, every member is sent.
+const maxOdds = 64
+
+// unsure is a view's odds when who holds what is not known.
+func unsure() *odds { return &odds{all: true} }
+
+// hold records that c holds h (nil c: some members, not known which).
+func (o *odds) hold(c *client, h held) {
+	switch {
+	case o.all:
+	case c == nil:
+		o.all, o.except = true, nil
+	default:
+		if o.except == nil {
+			o.except = make(map[*client]held)
+		}
+		o.except[c] = h
+		if len(o.except) > maxOdds {
+			o.all, o.except = true, nil
+		}
+	}
+}
+
+// settled is o with the exceptions that agree with base dropped, or nil
+// once every member holds look.
+func (o *odds) settled(look presence.Look) *odds {
+	if o.all {
+		return o
+	}
+	for c, h := range o.except {
+		if !h.unknown && h.look == o.base.look {
+			delete(o.except, c)
+		}
+	}
+	if len(o.except) == 0 && o.base.look == look {
+		return nil
+	}
+	return o
+}
+
+// differs reports whether c may hold something other than look.
+func (o *odds) differs(c *client, look presence.Look) bool {
+	if o.all || !c.noted.Load() {
+		return true
+	}
+	h, ok := o.except[c]
+	if !ok {
+		h = o.base
+	}
+	switch {
+	case h.unknown:
+		return true
+	case h == held{}:
+		return look.State != presence.Offline
+	}
+	return h.look != look
+}
+
+// reach is to whom of a team's members a change goes.
+type reach struct {
+	all  bool
+	odd  *odds // unless all: the members whose hold differs from look; nil none
+	look presence.Look
+}
+
+// to reports whether c is sent the change.
+func (r reach) to(c *client) bool { return r.all || (r.odd != nil && r.odd.differs(c, r.look)) }
+
+// any reports whether some member may be sent the change.
+func (r reach) any() bool { return r.all || r.odd != nil }
+
+// reachOf is to whom a change to look goes in a view with odds o: o must
+// be detached from the view (the caller replaces it), as the reach is read
+// after the views' lock is released.
+func reachOf(o *odds, look presence.Look) reach {
+	if o.all {
+		return reach{all: true}
+	}
+	return reach{odd: o, look: look}
 }
 
 func newViews() *views {
@@ -44,7 +152,7 @@ func newViews() *views {
 }
 
 // route decides, for each of teams (the subject's teams with local
-// members), whether a change is delivered to that team's members, and
+// members), to which of that team's members a change is delivered, and
 // records it in deliver. A copy of a change routed already through another
 // team is delivered to nobody: whoever was indexed under a team since
 // either got the first copy through another team or read the change in a
@@ -52,7 +160,7 @@ func newViews() *views {
 // version, while the members agree) is recorded but not delivered:
 // presence is state, and a restatement would only make clients fire their
 // callbacks again.
-func (v *views) route(teams []string, ch presence.Change, deliver []bool) {
+func (v *views) route(teams []string, ch presence.Change, deliver []reach) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	copied := false
@@ -62,58 +170,91 @@ func (v *views) route(teams []string, ch presence.Change, deliver []bool) {
 			break
 		}
 	}
+	sent := false
+	var kept []string // teams whose view stays as it was, odds and all
 	for i, t := range teams {
 		m := v.teamLocked(t)
 		cur, ok := m[ch.UserID]
 		next := view{version: ch.Version, look: ch.Look(), routed: ch.Version}
 		switch {
 		case !ok:
-			deliver[i] = !copied
+			deliver[i] = reach{all: !copied}
+		case ch.Version > cur.version && cur.odd != nil:
+			deliver[i] = reachOf(cur.odd, next.look)
 		case ch.Version > cur.version:
-			deliver[i] = cur.mixed || (!copied && cur.look != next.look)
-		case ch.Version == cur.version && cur.mixed:
+			deliver[i] = reach{all: !copied && cur.look != next.look}
+		case ch.Version == cur.version && cur.odd != nil:
 			// Members who read an older state catch up; version is the
 			// newest anyone holds, so after this they all agree.
-			deliver[i] = true
+			deliver[i] = reachOf(cur.odd, next.look)
 		default: // a copy already routed, or older than what they hold
-			deliver[i] = false
+			deliver[i] = reach{}
 			cur.routed = max(cur.routed, ch.Version)
 			next = cur
+			if cur.odd != nil {
+				kept = append(kept, t)
+			}
 		}
+		sent = sent || deliver[i].any()
 		m[ch.UserID] = next
+	}
+	if sent {
+		// What reached a member through another team may change what it
+		// holds here: those odds no longer know.
+		for _, t := range kept {
+			v.unsureLocked(t, ch.UserID)
+		}
 	}
 }
 
 // read records that a member of team was given subject's state (a snapshot,
-// or the catch-up after joining a team). others: the team had other local
-// members already, who may hold something else.
-func (v *views) read(team string, p presence.Presence, others bool) {
-	v.readAll(team, []presence.Presence{p}, others)
+// or the catch-up after joining a team): reader, the connection given it,
+// or nil when not one known (then a disagreement sends every member the
+// next change). others: the team had other local members already, who may
+// hold something else.
+func (v *views) read(team string, p presence.Presence, reader *client, others bool) {
+	v.readAll(team, []presence.Presence{p}, reader, others)
 }
 
 // readAll is read for several subjects of one team.
-func (v *views) readAll(team string, ps []presence.Presence, others bool) {
+func (v *views) readAll(team string, ps []presence.Presence, reader *client, others bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	m := v.teamLocked(team)
 	for _, p := range ps {
-		readLocked(m, p, others)
+		readLocked(m, p, reader, others)
 	}
 }
 
-func readLocked(m map[string]view, p presence.Presence, others bool) {
+func readLocked(m map[string]view, p presence.Presence, reader *client, others bool) {
+	look := p.Look()
 	cur, ok := m[p.UserID]
 	if !ok {
-		// Members already there hold nothing of the subject: offline.
-		m[p.UserID] = view{version: p.Version, look: p.Look(), mixed: others && p.State != presence.Offline}
+		nv := view{version: p.Version, look: look}
+		if others && p.State != presence.Offline {
+			// Members already there hold nothing of the subject: offline.
+			nv.odd = &odds{}
+			nv.odd.hold(reader, held{version: p.Version, look: look})
+		}
+		m[p.UserID] = nv
 		return
 	}
-	if p.Look() != cur.look {
-		cur.mixed = true
+	if look == cur.look && cur.odd == nil {
+		cur.version = max(cur.version, p.Version)
+		m[p.UserID] = cur
+		return
 	}
+	o := cur.odd
+	if o == nil {
+		o = &odds{base: held{version: cur.version, look: cur.look}}
+	}
+	// A read older than the view: a change routed since may have reached
+	// the reader (folded into its snapshot), or not.
+	o.hold(reader, held{version: p.Version, look: look, unknown: p.Version < cur.version})
 	if p.Version > cur.version {
-		cur.version, cur.look = p.Version, p.Look()
+		cur.version, cur.look = p.Version, look
 	}
+	cur.odd = o.settled(cur.look)
 	m[p.UserID] = cur
 }
 
@@ -130,11 +271,15 @@ func (v *views) adopt(team, from, subject string, others bool) {
 	m := v.teamLocked(team)
 	cur, had := m[subject]
 	if !had {
-		m[subject] = view{version: src.version, look: src.look, mixed: src.mixed || (others && src.look.State != presence.Offline)}
+		nv := view{version: src.version, look: src.look}
+		if src.odd != nil || (others && src.look.State != presence.Offline) {
+			nv.odd = unsure()
+		}
+		m[subject] = nv
 		return
 	}
-	if src.mixed || src.look != cur.look {
-		cur.mixed = true
+	if src.odd != nil || cur.odd != nil || src.look != cur.look {
+		cur.odd = unsure() // the joiner's connections hold what from's members do
 	}
 	if src.version > cur.version {
 		cur.version, cur.look = src.version, src.look
@@ -192,13 +337,14 @@ func (v *views) dropTeam(team string) {
 }
 
 // resync compares the store's truth for a team's members with what the
-// team's local members hold, returns the changes to send them and makes the
-// truth what they hold. floor(subject) is above every version published
-// before the store asked for the resync: a view newer than it came from a
-// change after that, which the read may not show, so it is left alone; a
-// truth older than the view means the store lost data, and the truth is
-// sent at the floor so that it overrides what viewers hold.
-func (v *views) resync(team string, truth []presence.Presence, floor func(string) uint64) []presence.Change {
+// team's local members hold, returns the changes to send them, each with
+// whom of them it is for, and makes the truth what they hold. floor(subject)
+// is above every version published before the store asked for the resync:
+// a view newer than it came from a change after that, which the read may
+// not show, so it is left alone; a truth older than the view means the
+// store lost data, and the truth is sent at the floor so that it overrides
+// what viewers hold.
+func (v *views) resync(team string, truth []presence.Presence, floor func(string) uint64) []resyncChange {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	old := v.byTeam[team]
@@ -206,34 +352,65 @@ func (v *views) resync(team string, truth []presence.Presence, floor func(string
 		return nil // the team's last local member left meanwhile
 	}
 	m := make(map[string]view, len(truth))
-	var out []presence.Change
+	var out []resyncChange
+	send := func(t presence.Presence, v uint64, r reach) {
+		if r.any() {
+			out = append(out, resyncChange{t.ChangeAt(v, time.Time{}), r})
+		}
+	}
 	for _, t := range truth {
 		cur, ok := old[t.UserID]
 		f := floor(t.UserID)
+		look := t.Look()
 		switch {
 		case ok && cur.version > f:
 			m[t.UserID] = cur // newer than this resync: the live path has it
 			continue
 		case !ok:
 			if t.State != presence.Offline {
-				out = append(out, t.ChangeAt(t.Version, time.Time{}))
+				send(t, t.Version, reach{all: true})
 			}
+		case t.Version >= cur.version && cur.odd != nil:
+			send(t, t.Version, reachOf(cur.odd, look))
 		case t.Version >= cur.version:
-			if cur.mixed || cur.look != t.Look() {
-				out = append(out, t.ChangeAt(t.Version, time.Time{}))
-			}
-		case cur.mixed || cur.look != t.Look(): // the store lost what they hold
+			send(t, t.Version, reach{all: cur.look != look})
+		case cur.odd != nil || cur.look != look: // the store lost what they hold
 			t.Version = f
-			out = append(out, t.ChangeAt(f, time.Time{}))
+			if cur.odd != nil {
+				send(t, f, reachOf(cur.odd, look))
+			} else {
+				send(t, f, reach{all: true})
+			}
 		default:
 			t.Version = cur.version
 		}
-		m[t.UserID] = view{version: t.Version, look: t.Look(), routed: max(cur.routed, t.Version)}
+		m[t.UserID] = view{version: t.Version, look: look, routed: max(cur.routed, t.Version)}
 	}
 	// Subjects no longer members are not carried over: nothing more is sent
 	// between users who no longer share the team.
 	v.byTeam[team] = m
 	return out
+}
+
+// resyncChange is a change a resync sends, and to whom of the team's members.
+type resyncChange struct {
+	presence.Change
+	to reach
+}
+
+// unsure records that team's members may now hold of subject something
+// other than its odds say (a push the view did not see).
+func (v *views) unsure(team, subject string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.unsureLocked(team, subject)
+}
+
+func (v *views) unsureLocked(team, subject string) {
+	if cur, ok := v.byTeam[team][subject]; ok && cur.odd != nil {
+		cur.odd = unsure()
+		v.byTeam[team][subject] = cur
+	}
 }
 
 func (v *views) teamLocked(team string) map[string]view {

@@ -24,9 +24,9 @@ func seen(user string, s presence.State, v uint64) presence.Presence {
 
 // routeOne routes a change for one team.
 func (v *views) routeOne(team string, ch presence.Change) bool {
-	d := []bool{false}
+	d := []reach{{}}
 	v.route([]string{team}, ch, d)
-	return d[0]
+	return d[0].any()
 }
 
 func TestViewsRoute(t *testing.T) {
@@ -56,8 +56,8 @@ func TestViewsRoute(t *testing.T) {
 // would otherwise be a copy or a restatement.
 func TestViewsMixedReadsLetTheChangeThrough(t *testing.T) {
 	v := newViews()
-	v.read("t", seen("bob", presence.Online, 5), false) // alice's snapshot
-	v.read("t", seen("bob", presence.Away, 7), true)    // carol's, later
+	v.read("t", seen("bob", presence.Online, 5), nil, false) // alice's snapshot
+	v.read("t", seen("bob", presence.Away, 7), nil, true)    // carol's, later
 	if !v.routeOne("t", change("bob", presence.Away, 7)) {
 		t.Fatal("the change carol's snapshot already showed must still reach alice")
 	}
@@ -73,7 +73,7 @@ func TestViewsMixedReadsLetTheChangeThrough(t *testing.T) {
 // there hold nothing (offline), mixes the team.
 func TestViewsFirstReadBesideOthersIsMixed(t *testing.T) {
 	v := newViews()
-	v.read("t", seen("bob", presence.Online, 5), true)
+	v.read("t", seen("bob", presence.Online, 5), nil, true)
 	if !v.routeOne("t", change("bob", presence.Online, 5)) {
 		t.Fatal("members who held bob offline must get his online")
 	}
@@ -103,7 +103,10 @@ func TestViewsResyncSendsOnlyDifferences(t *testing.T) {
 		seen("quiet", presence.Offline, 2),
 	}
 	floor := func(string) uint64 { return 100 }
-	got := v.resync("t", truth, floor)
+	var got []presence.Change
+	for _, ch := range v.resync("t", truth, floor) {
+		got = append(got, ch.Change)
+	}
 	want := []presence.Change{
 		change("gone", presence.Offline, 6),
 		change("back", presence.Online, 6),
@@ -249,7 +252,7 @@ func TestJoinEventOvertakenByAChange(t *testing.T) {
 	if got != "map[]" {
 		t.Fatalf("after the late join event, alice's outbox = %s, want nothing (she holds bob=online v8)", got)
 	}
-	if cur, _ := h.views.get("t1", "bob"); cur.version != 8 || cur.look.State != presence.Online || cur.mixed {
+	if cur, _ := h.views.get("t1", "bob"); cur.version != 8 || cur.look.State != presence.Online || cur.odd != nil {
 		t.Fatalf("t1's view of bob = %+v, want online v8, not mixed", cur)
 	}
 }

@@ -230,7 +230,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		c.closeWith(1011, "store unavailable")
 		return
 	}
-	s.hub.noteSnapshot(c.user, members, snap)
+	s.hub.noteSnapshot(c, members, snap)
 	c.sendSnapshot(snap)
 	s.hub.afterSnapshot(c)
 	if !id.expiry.IsZero() {
