@@ -22,20 +22,7 @@ func TestSnapshotWithItsMembersLostIsRefused(t *testing.T) {
 	for _, topo := range []string{"redis", "cluster"} {
 		t.Run(topo, func(t *testing.T) {
 			ctx := context.Background()
-			var url string
-			var flush func()
-			if topo == "redis" {
-				r := redistest.Start(t)
-				url, flush = r.URL(), func() { _, _ = r.Do("FLUSHALL") }
-			} else {
-				c := redistest.StartCluster(t, 3)
-				url = c.URL()
-				flush = func() {
-					for _, n := range c.Nodes {
-						_, _ = n.Do("FLUSHALL")
-					}
-				}
-			}
+			url, flush := redistest.StartTopology(t, topo)
 			// A hold-off longer than the test: the loss stays marked.
 			rs, err := redisstore.New(ctx, redisstore.Config{URL: url, Node: "n1", TTL: time.Minute, HoldOff: time.Minute,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

@@ -177,20 +177,7 @@ func TestWholeReadOfNobodyAfterAFlushIsRefused(t *testing.T) {
 	ctx := context.Background()
 	for _, topo := range []string{"redis", "cluster"} {
 		t.Run(topo, func(t *testing.T) {
-			var url string
-			var flush func()
-			if topo == "redis" {
-				r := redistest.Start(t)
-				url, flush = r.URL(), func() { _, _ = r.Do("FLUSHALL") }
-			} else {
-				c := redistest.StartCluster(t, 3)
-				url = c.URL()
-				flush = func() {
-					for _, n := range c.Nodes {
-						_, _ = n.Do("FLUSHALL")
-					}
-				}
-			}
+			url, flush := redistest.StartTopology(t, topo)
 			s, _ := mkWith(t, Config{URL: url, Node: "a", TTL: 25 * time.Second, Grace: 300 * time.Millisecond,
 				NodeTTL: 600 * time.Millisecond, HoldOff: time.Minute})
 			must(t, s.Sweep(ctx))

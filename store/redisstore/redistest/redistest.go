@@ -293,3 +293,24 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// StartTopology starts one Redis ("redis") or a 3-master cluster
+// ("cluster") and returns its URL and a FLUSHALL of every master: the data
+// loss that tests of both topologies inject.
+func StartTopology(t testing.TB, topology string) (url string, flushAll func()) {
+	t.Helper()
+	switch topology {
+	case "redis":
+		r := Start(t)
+		return r.URL(), func() { _, _ = r.Do("FLUSHALL") }
+	case "cluster":
+		c := StartCluster(t, 3)
+		return c.URL(), func() {
+			for _, n := range c.Nodes {
+				_, _ = n.Do("FLUSHALL")
+			}
+		}
+	}
+	t.Fatalf("redistest: unknown topology %q (redis or cluster)", topology)
+	return "", nil
+}
