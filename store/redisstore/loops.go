@@ -278,6 +278,19 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	}
 }
 
+// A failed re-assertion is tried again after a backoff that doubles from
+// minRecoverBackoff to maxRecoverBackoff. Everything this node wrote during
+// the outage (statuses set, connections ended) lands only with it: a cluster
+// answers CLUSTERDOWN for seconds after a master is back, and a backoff that
+// had grown to 15 s meanwhile delayed a status by 8 s after Redis was whole
+// again (chaos, cluster). An attempt that fails partway writes this node's
+// connections again on the masters that answer: at most every 2 s, about
+// what a heartbeat round costs.
+const (
+	minRecoverBackoff = 500 * time.Millisecond
+	maxRecoverBackoff = 2 * time.Second
+)
+
 // healthLoop watches Redis. When it answers again after failing, every live
 // connection of this node is re-asserted and the ones that ended meanwhile
 // are ended in Redis too, before this node reports ready again.
@@ -285,8 +298,8 @@ func (s *Store) healthLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
-	var notBefore time.Time // a failed recovery backs off: it is heavy
-	backoff := time.Second
+	var notBefore time.Time // a failed recovery backs off, briefly
+	backoff := minRecoverBackoff
 	var resyncAt time.Time // a resync waits until then (zero: none waits)
 	for {
 		select {
@@ -313,11 +326,11 @@ func (s *Store) healthLoop() {
 			if err != nil {
 				s.log.Warn("re-assertion failed; trying again later", "err", err, "in", backoff)
 				notBefore = time.Now().Add(backoff)
-				backoff = min(2*backoff, 15*time.Second)
+				backoff = min(2*backoff, maxRecoverBackoff)
 			} else {
 				s.healthy.Store(true)
 				s.m.up.Set(1)
-				backoff = time.Second
+				backoff = minRecoverBackoff
 				if s.lostData.Swap(false) {
 					// Redis lost its data (or took this node for dead): the
 					// other nodes write theirs back within the hold-off. A
