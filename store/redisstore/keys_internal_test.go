@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/greendot/greendot/internal/testwait"
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
 	"github.com/greendot/greendot/store/redisstore/redistest"
@@ -283,6 +284,22 @@ func TestScriptsDeclareTheirKeys(t *testing.T) {
 		a.mu.Lock()
 		delete(a.conns, "a3")
 		a.mu.Unlock()
+		// Reconciliation keeps a connection heard from in the millisecond it
+		// starts or later (it may be newer than the live list): a3 is older.
+		a3Seen, err := a.rdb.ZScore(ctx, dlKey(shardOfConn(t, "a3")), "a3").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		testwait.For(t, 2*time.Second, func() error {
+			now, err := a.rdb.Time(ctx).Result()
+			if err != nil {
+				return err
+			}
+			if seen := a3Seen - float64(cfg.TTL.Milliseconds()); float64(now.UnixMilli()) <= seen {
+				return fmt.Errorf("Redis's clock %d not past a3's last heartbeat %.0f", now.UnixMilli(), seen)
+			}
+			return nil
+		})
 		must(t, a.recover(ctx))
 		if _, err := r.Do("ZADD", dlKey(shardOf("dave")), "1", "a2"); err != nil {
 			t.Fatal(err)
