@@ -317,7 +317,13 @@ func (s *Store) publishMembership(ctx context.Context, team, user string) error 
 	m, err := s.readMembership(ctx, team, user)
 	for round := 0; err == nil && round < maxMembershipPublishes; round++ {
 		var ps []presence.Presence
-		if ps, err = s.Presence(ctx, []string{user}); err != nil {
+		if m.in {
+			ps, err = s.shownOnceWhole(ctx, user)
+		} else {
+			// A removal's state is not shown to anyone: no wait for it.
+			ps, err = s.Presence(ctx, []string{user})
+		}
+		if err != nil {
 			return err
 		}
 		l := ps[0].Look()
@@ -337,6 +343,34 @@ func (s *Store) publishMembership(ctx context.Context, team, user string) error 
 		s.log.Warn("membership kept changing while published", "team", team)
 	}
 	return err
+}
+
+// shownOnceWhole reads what viewers see of user for a membership event,
+// waiting out a data loss's hold-off: a state read while the user's keys
+// are lost and not written back yet is "offline at version 0", and a join
+// pushes it to viewers seeing the user again, who may hold them at a later
+// version (chaos, cluster: a join during a FLUSHALL sent u17=offline v0 to
+// a viewer holding a recent u17). The membership is written already; only
+// its event waits, at most until ctx ends and no longer than a hold-off
+// and a node ttl (the sweeps that end a hold-off run every 100 ms).
+func (s *Store) shownOnceWhole(ctx context.Context, user string) ([]presence.Presence, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.HoldOff+s.cfg.NodeTTL)
+	defer cancel()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		ps, err := s.WholeStates(ctx, []string{user})
+		if !errors.Is(err, ErrRecovering) {
+			return ps, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, s.failed(store.OpMembership, fmt.Errorf("redisstore: publish membership: %w", errors.Join(ErrRecovering, ctx.Err())))
+		case <-s.stop:
+			return nil, fmt.Errorf("redisstore: publish membership: %w", errors.Join(ErrRecovering, ErrUnavailable))
+		case <-t.C:
+		}
+	}
 }
 
 // membershipRead is a user's membership of one team, read in one step with

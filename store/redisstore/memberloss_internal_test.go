@@ -1,0 +1,95 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/internal/testwait"
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+	"github.com/greendot/greendot/store/redisstore/redistest"
+)
+
+// joins records the state each membership event carries.
+type joins struct {
+	rec
+	mu  sync.Mutex
+	evs []store.MembershipEvent
+}
+
+func (j *joins) OnMembership(ev store.MembershipEvent) {
+	j.mu.Lock()
+	ev.UserTeams = nil // valid only while the handler runs
+	j.evs = append(j.evs, ev)
+	j.mu.Unlock()
+}
+
+func (j *joins) of(team, user string) []store.MembershipEvent {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var out []store.MembershipEvent
+	for _, ev := range j.evs {
+		if ev.Team == team && ev.UserID == user {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// A join published while Redis has lost the user's keys, before their
+// node writes them back, carried "offline at version 0": every viewer
+// seeing the user again through the join was pushed it, below the version
+// it held (chaos, cluster: u17=offline v0 after a join during a FLUSHALL).
+// The event waits for a whole read, and carries the state written back.
+func TestJoinDuringALossCarriesTheStateWrittenBack(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	cfg := func(node string) Config {
+		return Config{URL: r.URL(), Node: node, TTL: 10 * time.Second, Grace: 100 * time.Millisecond,
+			NodeTTL: 600 * time.Millisecond, HoldOff: 1500 * time.Millisecond, Logger: logger()}
+	}
+	a, _ := mkWith(t, cfg("a"))
+	b, _ := mkWith(t, cfg("b"))
+	j := &joins{}
+	b.Subscribe(j)
+	must(t, a.AddMember(ctx, "t", "bob"))
+	must(t, b.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	ps, err := b.Presence(ctx, []string{"bob"})
+	must(t, err)
+	before := ps[0].Version
+	if ps[0].State != presence.Online || before == 0 {
+		t.Fatalf("bob = %+v before the loss, want online", ps[0])
+	}
+	if _, err := r.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.AddMember(jctx, "t2", "bob") }()
+	for joined := false; !joined; {
+		select {
+		case err := <-done:
+			must(t, err)
+			joined = true
+		case <-time.After(50 * time.Millisecond):
+			_ = a.Sweep(ctx) // as the nodes' loops do every 100 ms
+			_ = b.Sweep(ctx)
+		}
+	}
+	evs := j.of("t2", "bob")
+	testwait.For(t, 5*time.Second, func() error {
+		if evs = j.of("t2", "bob"); len(evs) == 0 {
+			return errors.New("no event of the join reached b")
+		}
+		return nil
+	})
+	for _, ev := range evs {
+		if ev.State != presence.Online || ev.Version <= before {
+			t.Fatalf("the join of t2 carried bob %v v%d; b holds his connection at v%d or later", ev.State, ev.Version, before)
+		}
+	}
+}
