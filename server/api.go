@@ -31,6 +31,11 @@ func (s *Server) api(h func(ctx context.Context, w http.ResponseWriter, r *http.
 				writeError(w, he.status, he.code, he.message)
 				return
 			}
+			if errors.Is(err, store.ErrRecovering) {
+				he = refuseRecovering(w).(*httpError)
+				writeError(w, he.status, he.code, he.message)
+				return
+			}
 			s.log.Error("api", "path", r.URL.Path, "err", err)
 			writeError(w, http.StatusServiceUnavailable, protocol.CodeUnavailable, "store unavailable")
 		}
@@ -66,7 +71,7 @@ func (s *Server) handleUserPresence(ctx context.Context, w http.ResponseWriter, 
 	if s.intact() != nil {
 		return refuseRecovering(w)
 	}
-	ps, err := s.store.Presence(ctx, []string{user})
+	ps, err := s.readPresence(ctx, []string{user})
 	if err != nil {
 		return err
 	}
@@ -109,7 +114,7 @@ func (s *Server) handleQuery(ctx context.Context, w http.ResponseWriter, r *http
 	if s.intact() != nil {
 		return refuseRecovering(w)
 	}
-	ps, err := s.store.Presence(ctx, ids)
+	ps, err := s.readPresence(ctx, ids)
 	if err != nil {
 		return err
 	}
@@ -141,20 +146,20 @@ func (s *Server) handleTeamPresence(ctx context.Context, w http.ResponseWriter, 
 		Online      []protocol.UserState     `json:"online"`
 		Offline     []protocol.OfflineMember `json:"offline"`
 	}{TeamID: team, MemberCount: len(members), Online: []protocol.UserState{}, Offline: []protocol.OfflineMember{}}
-	if len(members) > 0 {
-		ps, err := s.store.Presence(ctx, members)
-		if err != nil {
-			return err
+	// Read even with no members: a team that a loss emptied is refused
+	// (the check witnesses every master), not answered empty.
+	ps, err := s.readPresence(ctx, members)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		if p.State != presence.Offline {
+			out.Online = append(out.Online, userState(p))
+			continue
 		}
-		for _, p := range ps {
-			if p.State != presence.Offline {
-				out.Online = append(out.Online, userState(p))
-				continue
-			}
-			up, st := viewerPresence(p), userState(p)
-			out.Offline = append(out.Offline, protocol.OfflineMember{UserID: up.UserID, Version: up.Version, LastSeen: up.LastSeen,
-				Text: st.Text, Emoji: st.Emoji, ExpiresAt: st.ExpiresAt, Since: st.Since})
-		}
+		up, st := viewerPresence(p), userState(p)
+		out.Offline = append(out.Offline, protocol.OfflineMember{UserID: up.UserID, Version: up.Version, LastSeen: up.LastSeen,
+			Text: st.Text, Emoji: st.Emoji, ExpiresAt: st.ExpiresAt, Since: st.Since})
 	}
 	// Stores list members sorted; sorting again keeps the answer stable
 	// whatever order a store's presence read returns.

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -54,7 +55,10 @@ func (s *Server) presenceFor(ctx context.Context, c *client, ids []string) ([]pr
 		return nil, &protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: msgRecovering}
 	}
 	if len(visible) > 0 {
-		ps, err := s.store.Presence(ctx, visible)
+		ps, err := s.readPresence(ctx, visible)
+		if errors.Is(err, store.ErrRecovering) {
+			return nil, &protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: msgRecovering}
+		}
 		if err != nil {
 			return nil, &protocol.Error{Type: protocol.TypeError, Code: protocol.CodeUnavailable, Message: "store unavailable"}
 		}

@@ -95,6 +95,18 @@ func (s *Server) readWholeStates(ctx context.Context, users []string) ([]presenc
 	return ps, err
 }
 
+// readPresence reads users' whole presence for a query's answer, refused
+// with store.ErrRecovering while the store could miss users after a data
+// loss (store.LossGuard): the node's own view of that (intact) lags the
+// loss by up to a sweep, and an answer read meanwhile shows live users
+// offline.
+func (s *Server) readPresence(ctx context.Context, users []string) ([]presence.Presence, error) {
+	if g, ok := s.store.(store.LossGuard); ok {
+		return g.WholePresence(ctx, users)
+	}
+	return s.store.Presence(ctx, users)
+}
+
 // readStates reads the states and versions of users (all a snapshot needs).
 func (s *Server) readStates(ctx context.Context, users []string) ([]presence.Presence, error) {
 	if len(users) == 0 {

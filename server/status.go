@@ -148,7 +148,7 @@ func (s *Server) writeStatus(ctx context.Context, w http.ResponseWriter, user st
 	if err := s.setUserStatus(ctx, user, st); err != nil {
 		return err
 	}
-	ps, err := s.store.Presence(ctx, []string{user})
+	ps, err := s.readPresence(ctx, []string{user})
 	if err != nil {
 		return err
 	}

@@ -41,6 +41,10 @@ type LossGuard interface {
 	// before (teams, members) came from: with no users too, since a loss
 	// before those reads makes them answer none.
 	WholeStates(ctx context.Context, userIDs []string) ([]presence.Presence, error)
+	// WholePresence is Tracker.Presence, checked after it over the parts
+	// of the store it read (and those WholeStates checks with no users):
+	// the answer to a presence query.
+	WholePresence(ctx context.Context, userIDs []string) ([]presence.Presence, error)
 }
 
 // Tracker holds live connections and derives users' presence from them.

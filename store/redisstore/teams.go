@@ -38,6 +38,38 @@ func (s *Store) Presence(ctx context.Context, userIDs []string) ([]presence.Pres
 	return out, nil
 }
 
+// WholePresence implements store.LossGuard: Presence, refused with
+// ErrRecovering if a shard it read (or, on a cluster, any master) is in the
+// hold-off after a data loss or was emptied and not swept since. The check
+// follows the reads on each master's connection, so a loss before a read is
+// seen by it (the sweep that finds the shard emptied marks it in the same
+// step as it records the sweep), and a loss after it is refused too.
+func (s *Store) WholePresence(ctx context.Context, userIDs []string) ([]presence.Presence, error) {
+	out, err := s.Presence(ctx, userIDs)
+	if err != nil {
+		return nil, err
+	}
+	byShard := make(map[int][]int)
+	for _, u := range userIDs {
+		byShard[shardOf(u)] = nil
+	}
+	s.addWitnesses(ctx, byShard)
+	pipe := s.rdb.Pipeline()
+	checks := make([]*redis.SliceCmd, 0, len(byShard))
+	for sh := range byShard {
+		checks = append(checks, pipe.MGet(ctx, prefix(sh)+"ls", prefix(sh)+"em"))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: presence: %w", errors.Join(ErrUnavailable, err)))
+	}
+	for _, c := range checks {
+		if vals := c.Val(); len(vals) != 2 || vals[0] == nil || vals[1] != nil {
+			return nil, ErrRecovering
+		}
+	}
+	return out, nil
+}
+
 func parsePresence(user string, v any) presence.Presence {
 	p := presence.Presence{UserID: user}
 	r, _ := v.([]any)
