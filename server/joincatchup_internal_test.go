@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -69,6 +70,13 @@ type hookedRedis struct {
 
 func (s hookedRedis) Presence(ctx context.Context, users []string) ([]presence.Presence, error) {
 	ps, err := s.Store.Presence(ctx, users)
+	s.fire()
+	return ps, err
+}
+
+// WholePresence is the catch-up's read on Redis (store.LossGuard).
+func (s hookedRedis) WholePresence(ctx context.Context, users []string) ([]presence.Presence, error) {
+	ps, err := s.Store.WholePresence(ctx, users)
 	s.fire()
 	return ps, err
 }
@@ -387,4 +395,91 @@ func TestJoinOfATeammateWhileTheViewersCatchUpIsQueued(t *testing.T) {
 			t.Fatalf("u01 was sent %s, want u17 online once", got)
 		}
 	})
+}
+
+// A join handled while Redis has lost its data and the nodes have not
+// written their connections back: the catch-up read u17, live, as offline
+// at version 0 and sent nothing, and the team's view then counted u01 as
+// holding what t's other viewer held, so no resync would send it either.
+// The catch-up waits out the recovery and sends u17 online.
+func TestJoinCatchUpDuringADataLossWaitsForTheStateWrittenBack(t *testing.T) {
+	ctx := context.Background()
+	url, flush := redistest.StartTopology(t, "redis")
+	rs, err := redisstore.New(ctx, redisstore.Config{URL: url, Node: "n1", TTL: time.Minute,
+		NodeTTL: 600 * time.Millisecond, HoldOff: 1500 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rs.Close() })
+	s := socketlessServer()
+	s.metrics = newMetrics(prometheus.NewRegistry())
+	s.stop = make(chan struct{})
+	s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	s.store = rs
+	s.hub = newHub(s)
+	// The sweeps a server runs (its sweeper): they find the loss, and end
+	// its hold-off.
+	var sweeps sync.WaitGroup
+	sweeps.Add(1)
+	go func() {
+		defer sweeps.Done()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+				_ = rs.Sweep(ctx)
+			}
+		}
+	}()
+	t.Cleanup(func() { close(s.stop); sweeps.Wait() })
+	for _, m := range [][2]string{{"t", "u17"}, {"t", "viewer"}, {"x", "u01"}} {
+		if err := rs.AddMember(ctx, m[0], m[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	online(t, rs, "u17")
+	local := func(user string) *wire {
+		c := &client{srv: s, user: user}
+		c.closed.Store(true)
+		teams, err := s.hub.add(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		members := make(map[string][]string)
+		var all []string
+		for _, team := range teams {
+			ms, err := rs.Members(ctx, team)
+			if err != nil {
+				t.Fatal(err)
+			}
+			members[team], all = ms, append(all, ms...)
+		}
+		ps, err := rs.Presence(ctx, all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.hub.noteSnapshot(c, members, ps)
+		return &wire{c: c}
+	}
+	viewer, w := local("viewer"), local("u01")
+
+	flush()
+	// The memberships come back (from an AOF in production) and u01 joins
+	// t; the join's own event waits for the recovery, so it is cut short
+	// here and delivered by hand below.
+	for _, m := range [][2]string{{"t", "u17"}, {"t", "viewer"}, {"x", "u01"}, {"t", "u01"}} {
+		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		_ = rs.AddMember(short, m[0], m[1])
+		cancel()
+	}
+	if got, err := rs.Members(ctx, "t"); err != nil || len(got) != 3 {
+		t.Fatalf("members of t after the restore: %v %v", got, err)
+	}
+	s.hub.OnMembership(store.MembershipEvent{Team: "t", UserID: "u01", Joined: true, UserTeams: store.TeamList([]string{"t", "x"})})
+	runJobs(ctx, s.hub, viewer, w)
+	if len(w.sent) != 1 || !strings.HasPrefix(w.sent[0], "u17=online@") {
+		t.Fatalf("u01 was sent %s, want u17 online: u17's device never left", w)
+	}
 }

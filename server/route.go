@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"iter"
 	"time"
 
@@ -419,7 +420,7 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 	}
 	var ps []presence.Presence
 	if ev.Joined && len(fresh) > 0 {
-		if ps, err = s.store.Presence(ctx, fresh); err != nil {
+		if ps, err = h.readCatchUp(fresh); err != nil {
 			s.log.Warn("membership reconcile", "err", err)
 			return
 		}
@@ -483,6 +484,29 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 					sent = append(sent, ch)
 				}
 			}
+		}
+	}
+}
+
+// readCatchUp reads the states a joiner's catch-up sends, whole: read while
+// a data loss is not written back yet, a live member is "offline, version 0",
+// which is not sent, and the team's view then takes the joiner for holding
+// what its other viewers hold, so no resync corrects it. Like the resync,
+// it waits out the recovery, each read with its own deadline: the job's
+// would run out with the hold-off.
+func (h *hub) readCatchUp(users []string) ([]presence.Presence, error) {
+	wait := time.Now().Add(recoveryWait)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), membershipReadTimeout)
+		ps, err := h.srv.readPresence(ctx, users)
+		cancel()
+		if !errors.Is(err, store.ErrRecovering) || !time.Now().Before(wait) {
+			return ps, err
+		}
+		select {
+		case <-h.srv.stop:
+			return nil, err
+		case <-time.After(250 * time.Millisecond):
 		}
 	}
 }
