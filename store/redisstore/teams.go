@@ -391,7 +391,9 @@ func (s *Store) shownOnceWhole(ctx context.Context, user string) ([]presence.Pre
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
-		ps, err := s.WholeStates(ctx, []string{user})
+		// Presence's reading (the model's), not a snapshot's copy of the
+		// state: a status set while offline moves the version, not the copy.
+		ps, err := s.WholePresence(ctx, []string{user})
 		if !errors.Is(err, ErrRecovering) {
 			return ps, err
 		}
