@@ -149,6 +149,7 @@ type Store struct {
 	stop        chan struct{} // closed by Close; never sent on
 	wg          sync.WaitGroup
 	closed      atomic.Bool
+	deferMu     sync.Mutex   // orders deferMembership's wg.Add before Close's Wait
 	graceSweeps atomic.Int64 // sweeps at a grace end (sweepAtGraceEnd) run
 }
 
@@ -346,7 +347,10 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close stops the background work, marks this node as gone so its
 // remaining connections are released at once, and closes the clients.
 func (s *Store) Close() error {
-	if s.closed.Swap(true) {
+	s.deferMu.Lock()
+	wasClosed := s.closed.Swap(true)
+	s.deferMu.Unlock()
+	if wasClosed {
 		return nil
 	}
 	close(s.stop)

@@ -346,12 +346,25 @@ const maxMembershipPublishes = 16
 // Every call that changes the teams publishes after its write, so the event
 // published last, whoever sends it, tells the final state.
 func (s *Store) publishMembership(ctx context.Context, team, user string) error {
+	return s.publishMembershipOnce(ctx, team, user, false)
+}
+
+// publishMembershipOnce is publishMembership; a join whose member's state
+// cannot be read whole (a data loss not written back yet) is handed to
+// deferMembership unless wait, when it waits here.
+func (s *Store) publishMembershipOnce(ctx context.Context, team, user string, wait bool) error {
 	m, err := s.readMembership(ctx, team, user)
 	for round := 0; err == nil && round < maxMembershipPublishes; round++ {
 		var ps []presence.Presence
-		if m.in {
+		switch {
+		case m.in && wait:
 			ps, err = s.shownOnceWhole(ctx, user)
-		} else {
+		case m.in:
+			if ps, err = s.WholePresence(ctx, []string{user}); errors.Is(err, ErrRecovering) {
+				s.deferMembership(team, user)
+				return nil
+			}
+		default:
 			// A removal's state is not shown to anyone: no wait for it.
 			ps, err = s.Presence(ctx, []string{user})
 		}
@@ -376,6 +389,32 @@ func (s *Store) publishMembership(ctx context.Context, team, user string) error 
 	}
 	return err
 }
+
+// deferMembership publishes a join's event from a goroutine of its own once
+// the member's state reads whole again: the membership is written already,
+// and the caller (an API request, a restore of many memberships after a
+// loss) is not held for the hold-off. The event reads the membership as it
+// is then, with its version (MV), so a later change published meanwhile is
+// not undone by it.
+func (s *Store) deferMembership(team, user string) {
+	s.deferMu.Lock()
+	defer s.deferMu.Unlock()
+	if s.closed.Load() {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HoldOff+s.cfg.NodeTTL+membershipPublishTimeout)
+		defer cancel()
+		if err := s.publishMembershipOnce(ctx, team, user, true); err != nil {
+			s.log.Warn("membership event after a data loss not published; the resync that ends the recovery applies it", "team", team, "err", err)
+		}
+	}()
+}
+
+// membershipPublishTimeout bounds a deferred event's own reads and publish.
+const membershipPublishTimeout = 5 * time.Second
 
 // shownOnceWhole reads what viewers see of user for a membership event,
 // waiting out a data loss's hold-off: a state read while the user's keys
