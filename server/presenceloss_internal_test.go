@@ -3,16 +3,11 @@ package server
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
-	"time"
 
 	"github.com/greendot/greendot/presence"
-	"github.com/greendot/greendot/store/redisstore"
-	"github.com/greendot/greendot/store/redisstore/redistest"
 )
 
 // A presence query just after Redis lost its data, before any sweep has
@@ -23,17 +18,7 @@ func TestPresenceReadDuringALossIsRefused(t *testing.T) {
 	for _, topo := range []string{"redis", "cluster"} {
 		t.Run(topo, func(t *testing.T) {
 			ctx := context.Background()
-			url, flush := redistest.StartTopology(t, topo)
-			rs, err := redisstore.New(ctx, redisstore.Config{URL: url, Node: "n1", TTL: time.Minute, HoldOff: time.Minute,
-				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = rs.Close() })
-			s := socketlessServer()
-			s.cfg.NodeID = "n1"
-			s.store = rs
-			s.hub = newHub(s)
+			s, rs, flush := lossServer(t, topo)
 			if err := rs.AddMember(ctx, "t", "bob"); err != nil {
 				t.Fatal(err)
 			}

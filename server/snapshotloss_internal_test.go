@@ -18,22 +18,30 @@ import (
 // the FLUSHALL, their members after it (none), so the snapshot has nobody's
 // state to read, and no read to check. It must be refused, not sent empty:
 // the viewer would take every teammate for offline.
+// lossServer is a socketless server on its own store on topo ("redis" or
+// "cluster"), with a hold-off longer than any test: a loss that flush
+// makes stays marked.
+func lossServer(t *testing.T, topo string) (*Server, *redisstore.Store, func()) {
+	t.Helper()
+	url, flush := redistest.StartTopology(t, topo)
+	rs, err := redisstore.New(context.Background(), redisstore.Config{URL: url, Node: "n1", TTL: time.Minute, HoldOff: time.Minute,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rs.Close() })
+	s := socketlessServer()
+	s.cfg.NodeID = "n1"
+	s.store = rs
+	s.hub = newHub(s)
+	return s, rs, flush
+}
+
 func TestSnapshotWithItsMembersLostIsRefused(t *testing.T) {
 	for _, topo := range []string{"redis", "cluster"} {
 		t.Run(topo, func(t *testing.T) {
 			ctx := context.Background()
-			url, flush := redistest.StartTopology(t, topo)
-			// A hold-off longer than the test: the loss stays marked.
-			rs, err := redisstore.New(ctx, redisstore.Config{URL: url, Node: "n1", TTL: time.Minute, HoldOff: time.Minute,
-				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = rs.Close() })
-			s := socketlessServer()
-			s.cfg.NodeID = "n1"
-			s.store = rs
-			s.hub = newHub(s)
+			s, rs, flush := lossServer(t, topo)
 			for _, u := range []string{"viewer", "bob"} {
 				if err := rs.AddMember(ctx, "t", u); err != nil {
 					t.Fatal(err)

@@ -57,18 +57,26 @@ func (s *Store) WholePresence(ctx context.Context, userIDs []string) ([]presence
 	pipe := s.rdb.Pipeline()
 	checks := make([]*redis.SliceCmd, 0, len(byShard))
 	for sh := range byShard {
-		checks = append(checks, pipe.MGet(ctx, prefix(sh)+"ls", prefix(sh)+"em"))
+		checks = append(checks, pipe.MGet(ctx, lossKeys(sh)...))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: presence: %w", errors.Join(ErrUnavailable, err)))
 	}
 	for _, c := range checks {
-		if vals := c.Val(); len(vals) != 2 || vals[0] == nil || vals[1] != nil {
+		if !intactShard(c.Val()) {
 			return nil, ErrRecovering
 		}
 	}
 	return out, nil
 }
+
+// lossKeys are shard sh's sweep record and loss mark, read after a whole
+// read's data (intactShard judges them).
+func lossKeys(sh int) []string { return []string{prefix(sh) + "ls", prefix(sh) + "em"} }
+
+// intactShard says whether the values of lossKeys show a shard swept since
+// it was last emptied and out of its hold-off.
+func intactShard(vals []any) bool { return len(vals) == 2 && vals[0] != nil && vals[1] == nil }
 
 func parsePresence(user string, v any) presence.Presence {
 	p := presence.Presence{UserID: user}
@@ -706,7 +714,7 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 		// one step: a loss (FLUSHALL) falls before it or after it, never
 		// between the check and the read. One MGET per shard, not two.
 		if whole {
-			keys = append(keys, prefix(sh)+"ls", prefix(sh)+"em")
+			keys = append(keys, lossKeys(sh)...)
 		}
 		reads = append(reads, shardRead{idx, pipe.MGet(ctx, keys...)})
 	}
@@ -717,7 +725,7 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 	for _, r := range reads {
 		vals := r.cmd.Val()
 		if whole {
-			if len(vals) != len(r.idx)+2 || vals[len(r.idx)] == nil || vals[len(r.idx)+1] != nil {
+			if len(vals) != len(r.idx)+2 || !intactShard(vals[len(r.idx):]) {
 				return nil, ErrRecovering
 			}
 			vals = vals[:len(r.idx)]
@@ -746,7 +754,7 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 		for _, i := range missing {
 			if sh := shardOf(userIDs[i]); !seen[sh] {
 				seen[sh] = true
-				checks = append(checks, pipe.MGet(ctx, prefix(sh)+"ls", prefix(sh)+"em"))
+				checks = append(checks, pipe.MGet(ctx, lossKeys(sh)...))
 			}
 		}
 	}
@@ -754,7 +762,7 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))
 	}
 	for _, c := range checks {
-		if vals := c.Val(); len(vals) != 2 || vals[0] == nil || vals[1] != nil {
+		if !intactShard(c.Val()) {
 			return nil, ErrRecovering
 		}
 	}
