@@ -151,6 +151,9 @@ type Store struct {
 	closed      atomic.Bool
 	deferMu     sync.Mutex   // orders deferMembership's wg.Add before Close's Wait
 	graceSweeps atomic.Int64 // sweeps at a grace end (sweepAtGraceEnd) run
+	// deferWaiting, when set (tests only), is called as a deferred
+	// membership event starts waiting for a whole read.
+	deferWaiting func(team, user string)
 }
 
 var (

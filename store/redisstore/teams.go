@@ -361,6 +361,18 @@ func (s *Store) publishMembership(ctx context.Context, team, user string) error 
 // cannot be read whole (a data loss not written back yet) is handed to
 // deferMembership unless wait, when it waits here.
 func (s *Store) publishMembershipOnce(ctx context.Context, team, user string, wait bool) error {
+	if wait {
+		if s.deferWaiting != nil {
+			s.deferWaiting(team, user)
+		}
+		// The membership is read once the state reads whole, not before:
+		// a removal during the hold-off (seconds) published its own event,
+		// and a join read before it, published after it, would show the
+		// user to the team they left until the next event.
+		if _, err := s.shownOnceWhole(ctx, user); err != nil {
+			return err
+		}
+	}
 	m, err := s.readMembership(ctx, team, user)
 	for round := 0; err == nil && round < maxMembershipPublishes; round++ {
 		var ps []presence.Presence
