@@ -362,6 +362,13 @@ func (v *views) resync(team string, truth []presence.Presence, floor func(string
 		cur, ok := old[t.UserID]
 		f := floor(t.UserID)
 		look := t.Look()
+		// Offline at version 0 is a user the store holds nothing of (its
+		// keys lost with the data, or forgotten): where viewers hold them
+		// offline, only the last seen differs, and it is the store that
+		// forgot it, not news to send.
+		if ok && t.Version == 0 && t.State == presence.Offline && look.State == presence.Offline && cur.look.State == presence.Offline {
+			look.LastSeen = cur.look.LastSeen
+		}
 		switch {
 		case ok && cur.version > f:
 			m[t.UserID] = cur // newer than this resync: the live path has it

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -383,4 +384,28 @@ func sharedHub(t *testing.T, members [][2]string) (*hub, *memstore.Store, func(u
 		return c
 	}
 	return s.hub, mem, local
+}
+
+// A user whose keys a data loss took, offline since before it, reads as
+// offline at version 0 with no last seen. Viewers hold them offline
+// already: a resync sent them "offline" again for the sake of the last seen
+// lost (chaos, one Redis, seed 4120303: 5 doubled offlines after an empty
+// restart).
+func TestViewsResyncKeepsAnOfflineTheStoreLost(t *testing.T) {
+	v := newViews()
+	v.routeOne("t", presence.Change{UserID: "gone", State: presence.Offline, Version: 5, LastSeen: time.UnixMilli(1_000_000)})
+	v.routeOne("t", change("was", presence.Online, 5))
+	truth := []presence.Presence{seen("gone", presence.Offline, 0), seen("was", presence.Offline, 0)}
+	var got []presence.Change
+	for _, ch := range v.resync("t", truth, func(string) uint64 { return 100 }) {
+		got = append(got, ch.Change)
+	}
+	// Who was online and lost is offline now, at the floor; who was
+	// offline already is no news.
+	if want := []presence.Change{change("was", presence.Offline, 100)}; !slices.Equal(got, want) {
+		t.Fatalf("resync sent %v, want %v", got, want)
+	}
+	if !v.routeOne("t", presence.Change{UserID: "gone", State: presence.Online, Version: 6}) {
+		t.Fatal("the next real change of the kept offline must still go out")
+	}
 }
