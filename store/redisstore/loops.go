@@ -353,6 +353,13 @@ func (s *Store) healthLoop() {
 			}
 		default:
 			s.m.up.Set(1)
+			if s.subsUnsure.Load() {
+				// What the unconfirmed subscriptions carried may be lost.
+				if s.syncSubs(ctx) == nil {
+					s.resync()
+				}
+				break
+			}
 			if s.needResync.Swap(false) {
 				s.resync()
 			}
@@ -396,13 +403,33 @@ func (s *Store) recover(ctx context.Context) error {
 	}
 	// The subscriptions go-redis re-establishes after an outage ask for a
 	// resync too: wait until they are in place, so that this one resync
-	// covers them. Should that fail, theirs follows on its own.
-	if err := s.subs.sync(ctx); err == nil {
-		s.needResync.Store(false)
-	} else {
-		s.log.Warn("subscriptions not confirmed after an outage", "err", err)
+	// covers them. Not for long: the node is not ready meanwhile, and what
+	// it claimed or ended during the outage waits with it (chaos, cluster:
+	// a probe unconfirmed for the recovery's whole 15 s held a viewer's
+	// offlines until then). The health check probes again until they are
+	// in place, and resyncs then.
+	if err := s.syncSubs(ctx); err != nil {
+		s.log.Warn("subscriptions not confirmed after an outage; probing again", "err", err)
 	}
 	return nil // the health check resyncs the viewers
+}
+
+// subsSyncTimeout bounds one confirmation of the subscriptions: a round
+// trip per connection when they are in place.
+const subsSyncTimeout = 2 * time.Second
+
+// syncSubs confirms the subscriptions (subscriber.sync) within
+// subsSyncTimeout; until one succeeds, subsUnsure says so.
+func (s *Store) syncSubs(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, subsSyncTimeout)
+	defer cancel()
+	if err := s.subs.sync(ctx); err != nil {
+		s.subsUnsure.Store(true)
+		return err
+	}
+	s.subsUnsure.Store(false)
+	s.needResync.Store(false)
+	return nil
 }
 
 // reconcileCall is the reconcile script's call for shard sh: this node's

@@ -126,6 +126,9 @@ type Store struct {
 	// needResync: a subscription was re-established; the health check
 	// resyncs viewers.
 	needResync atomic.Bool
+	// subsUnsure: a recovery could not confirm the subscriptions within
+	// subsSyncTimeout; the health check probes them again until it can.
+	subsUnsure atomic.Bool
 	// lostData: this node found itself missing from Redis (Redis lost its
 	// data, or took the node for dead); the resync after recovery waits
 	// for the other nodes to write theirs back.
