@@ -97,6 +97,22 @@ func TestChaosOracle(t *testing.T) {
 			changes: []change{online(0.1), {11.5, 11.6, "u01", "offline", "online", 2}, {12, 12.1, "u01", "offline", "offline", 3}},
 			want:    map[string]int{"doubled": 1},
 		},
+		// The viewer, frozen, reads at the thaw what was sent in the
+		// recovery after a partition of its node (until 4 + 5 + 3 s).
+		"an offline restated in a recovery, read after it": {
+			subject:      []sess{{0, 5, "b", "closed"}},
+			viewerFrozen: [][2]float64{{10.8, 13}},
+			faults:       []fault{{"partition 2s", "a", 2, 4}},
+			changes:      []change{online(0.1), {6.5, 6.6, "u01", "offline", "online", 2}, {11.5, 13, "u01", "offline", "offline", 3}},
+			want:         map[string]int{"doubled": 0},
+		},
+		"an offline restated after the recovery": {
+			subject:      []sess{{0, 5, "b", "closed"}},
+			viewerFrozen: [][2]float64{{10.8, 13}},
+			faults:       []fault{{"partition 2s", "a", 2, 4}},
+			changes:      []change{online(0.1), {6.5, 6.6, "u01", "offline", "online", 2}, {12.5, 13, "u01", "offline", "offline", 3}},
+			want:         map[string]int{"doubled": 1},
+		},
 		"versions going back on a connection": {
 			subject: []sess{{0, 0, "b", ""}},
 			changes: []change{online(0.1)},

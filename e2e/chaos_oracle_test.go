@@ -684,7 +684,13 @@ func (o *oracle) judgeChanges() {
 			if ch.State == ch.Previous || (ch.Previous == "" && ch.State == "offline") {
 				o.fig["restatements"]++
 				o.fig["restatements "+ch.State]++
-				if ch.State == "offline" && ch.Previous != "" && !ch.FromSnapshot && !o.recovering(node, v.user, ch.UserID, ch.Received) {
+				// Judged when it was made: a frozen viewer reads at the
+				// thaw what a recovery restated during the freeze.
+				made := ch.Received
+				if a.Before(made) {
+					made = a
+				}
+				if ch.State == "offline" && ch.Previous != "" && !ch.FromSnapshot && !o.recovering(node, v.user, ch.UserID, made) {
 					o.violate("doubled", "%s on %s applied %s=offline v%d at %s while already showing offline (not in a recovery); %s",
 						v, node, ch.UserID, ch.Version, o.at(ch.Received), o.describeTruth(u, a))
 				}
