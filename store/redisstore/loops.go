@@ -318,7 +318,9 @@ func (s *Store) healthLoop() {
 				s.log.Warn("redis unreachable: keeping connections, publishing nothing", "err", err)
 			}
 			s.m.up.Set(0)
+			s.reloadSlots()
 		case !s.healthy.Load():
+			s.reloadSlots()
 			s.log.Info("redis is back: re-asserting live connections")
 			rctx, rcancel := context.WithTimeout(context.Background(), 15*time.Second)
 			err := s.recover(rctx)
@@ -365,6 +367,17 @@ func (s *Store) healthLoop() {
 			}
 		}
 		cancel()
+	}
+}
+
+// reloadSlots has a cluster client read again which master serves which
+// slot (in the background). go-redis learns of a failover from a MOVED
+// reply or its reload every minute; a master that died answers nothing, so
+// this node kept dialing it while its replica served the slots (and
+// MaxRetries -1 never lets go-redis try another node that would redirect).
+func (s *Store) reloadSlots() {
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
 	}
 }
 

@@ -39,6 +39,10 @@ func teamOfChannel(ch string) string {
 // have been lost meanwhile, so viewers are resynced.
 type subscriber struct {
 	s *Store
+	// ctx ends with close: it stops the replacements of subscriptions
+	// that Redis dropped (movedLocked).
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu      sync.Mutex
 	members *redis.PubSub
@@ -46,7 +50,10 @@ type subscriber struct {
 	shards  map[string]*redis.PubSub // by channel hash tag ("" on a single server)
 	watched map[string]int           // team → watches minus unwatches; absent when 0
 	chans   map[string]*subState     // by channel, while subscribed
-	wg      sync.WaitGroup
+	// replacing: the subscriptions whose channels Redis dropped, being
+	// replaced (movedLocked).
+	replacing map[*redis.PubSub]bool
+	wg        sync.WaitGroup
 }
 
 // subState is one channel's subscription.
@@ -56,8 +63,9 @@ type subState struct {
 }
 
 func newSubscriber(s *Store) *subscriber {
-	return &subscriber{s: s, shards: make(map[string]*redis.PubSub), watched: make(map[string]int),
-		chans: make(map[string]*subState)}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &subscriber{s: s, ctx: ctx, cancel: cancel, shards: make(map[string]*redis.PubSub),
+		watched: make(map[string]int), chans: make(map[string]*subState), replacing: make(map[*redis.PubSub]bool)}
 }
 
 func (sb *subscriber) start(ctx context.Context) error {
@@ -83,16 +91,13 @@ func (sb *subscriber) start(ctx context.Context) error {
 	sb.members = ps
 	sb.px = px
 	sb.chans[membershipChannel] = &subState{confirmed: true}
+	if px != nil {
+		sb.chans[pxChannel] = &subState{confirmed: true}
+	}
 	sb.mu.Unlock()
 	sb.read(ps)
 	if px != nil {
-		sb.wg.Add(1)
-		go func() {
-			defer sb.wg.Done()
-			for m := range px.Channel() { // closed by px.Close
-				sb.s.deliverBroadcast(m.Payload)
-			}
-		}()
+		sb.read(px)
 	}
 	return nil
 }
@@ -264,9 +269,13 @@ func (sb *subscriber) read(ps *redis.PubSub) {
 		for msg := range ps.ChannelWithSubscriptions() { // closed by ps.Close
 			switch m := msg.(type) {
 			case *redis.Message:
-				sb.dispatch(m)
+				if m.Channel == pxChannel {
+					sb.s.deliverBroadcast(m.Payload)
+				} else {
+					sb.dispatch(m)
+				}
 			case *redis.Subscription:
-				sb.confirmed(m)
+				sb.confirmed(ps, m)
 			}
 		}
 	}()
@@ -275,13 +284,27 @@ func (sb *subscriber) read(ps *redis.PubSub) {
 // confirmed notes a subscription confirmation. A second one for a channel
 // means go-redis reconnected and subscribed again by itself; one for a
 // channel nobody asked for, that it subscribed a channel taken back while
-// the connection was down. Either way messages may have been lost.
-func (sb *subscriber) confirmed(m *redis.Subscription) {
-	if m.Kind != "ssubscribe" && m.Kind != "subscribe" {
-		return
-	}
+// the connection was down. Either way messages may have been lost (not
+// app messages: they are delivered at most once anyway).
+//
+// An unsubscription of a channel still held is Redis's: its slot moved to
+// another node (a failover, a resharding), and ps is replaced.
+func (sb *subscriber) confirmed(ps *redis.PubSub, m *redis.Subscription) {
 	sb.mu.Lock()
 	st := sb.chans[m.Channel]
+	if m.Kind == "sunsubscribe" {
+		// Ours drop the channel first (Unwatch, probe), and one asked for
+		// again since is not confirmed yet.
+		if st != nil && st.confirmed {
+			sb.movedLocked(ps)
+		}
+		sb.mu.Unlock()
+		return
+	}
+	if m.Kind != "ssubscribe" && m.Kind != "subscribe" {
+		sb.mu.Unlock()
+		return
+	}
 	again := st == nil || st.confirmed
 	if st != nil && !st.confirmed {
 		st.confirmed = true
@@ -291,9 +314,143 @@ func (sb *subscriber) confirmed(m *redis.Subscription) {
 		st.waiters = nil
 	}
 	sb.mu.Unlock()
-	if again {
+	if again && m.Channel != pxChannel {
 		sb.s.needResync.Store(true)
 	}
+}
+
+// movedLocked replaces ps, whose channels Redis dropped as their slot moved
+// to another node. go-redis keeps such a connection and never subscribes
+// again, so the node would hear nothing more of those channels: a new
+// subscription is made on the slot's new master, and the viewers are
+// resynced once it is confirmed (what was published meanwhile is lost).
+func (sb *subscriber) movedLocked(ps *redis.PubSub) {
+	// Only a cluster moves slots.
+	if !sb.s.cluster || sb.replacing[ps] || sb.ctx.Err() != nil {
+		return
+	}
+	sb.replacing[ps] = true
+	sb.s.log.Warn("redis dropped this node's subscriptions (their slot moved: a failover?); subscribing on the new master")
+	sb.wg.Add(1)
+	go func() {
+		defer sb.wg.Done()
+		sb.replace(ps)
+	}()
+}
+
+// replace subscribes old's channels again on a new connection until Redis
+// confirms them all, then asks for a resync.
+func (sb *subscriber) replace(old *redis.PubSub) {
+	backoff := 50 * time.Millisecond
+	for {
+		// go-redis learns of a failover from the first command redirected
+		// (MOVED); a subscription made before would go to the old master.
+		if cc, ok := sb.s.rdb.(*redis.ClusterClient); ok {
+			cc.ReloadState(sb.ctx)
+		}
+		sb.mu.Lock()
+		if sb.ctx.Err() != nil {
+			delete(sb.replacing, old)
+			sb.mu.Unlock()
+			return
+		}
+		nps, wait := sb.resubscribeLocked(old)
+		delete(sb.replacing, old)
+		if nps != nil {
+			// Until confirmed, this loop looks after it.
+			sb.replacing[nps] = true
+		}
+		sb.mu.Unlock()
+		_ = old.Close()
+		if nps == nil {
+			return // nothing was left on it
+		}
+		ctx, cancel := context.WithTimeout(sb.ctx, subsSyncTimeout)
+		err := waitAll(ctx, wait)
+		cancel()
+		sb.mu.Lock()
+		delete(sb.replacing, nps)
+		sb.mu.Unlock()
+		if err == nil {
+			sb.s.log.Info("subscriptions moved to the new master; resyncing viewers")
+			sb.s.needResync.Store(true)
+			return
+		}
+		if sb.ctx.Err() != nil {
+			return
+		}
+		sb.s.log.Warn("subscriptions on the new master not confirmed; trying again", "err", err, "in", backoff)
+		select {
+		case <-sb.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+		old = nps
+	}
+}
+
+// resubscribeLocked puts a new subscription in old's place, with the
+// channels held on it marked unconfirmed, and returns it with a channel per
+// channel closed once Redis confirms it; nil if old is no longer in use.
+func (sb *subscriber) resubscribeLocked(old *redis.PubSub) (*redis.PubSub, []<-chan struct{}) {
+	var bucket string
+	switch {
+	case old == sb.members:
+		bucket = sb.bucket(membershipChannel)
+	case old == sb.px && old != nil:
+		bucket = sb.bucket(pxChannel)
+	default:
+		found := false
+		for b, ps := range sb.shards {
+			if ps == old {
+				bucket, found = b, true
+				break
+			}
+		}
+		if !found {
+			return nil, nil
+		}
+	}
+	var chans []string
+	var wait []<-chan struct{}
+	for ch, st := range sb.chans {
+		if sb.bucket(ch) != bucket {
+			continue
+		}
+		chans = append(chans, ch)
+		st.confirmed = false
+		done := make(chan struct{})
+		st.waiters = append(st.waiters, done)
+		wait = append(wait, done)
+	}
+	if len(chans) == 0 {
+		// Every team of it was unwatched: the next watch subscribes anew.
+		delete(sb.shards, bucket)
+		return nil, nil
+	}
+	nps := sb.s.rdb.SSubscribe(sb.ctx, chans...)
+	switch {
+	case old == sb.members:
+		sb.members = nps
+	case old == sb.px:
+		sb.px = nps
+	default:
+		sb.shards[bucket] = nps
+	}
+	sb.read(nps)
+	return nps, wait
+}
+
+func waitAll(ctx context.Context, wait []<-chan struct{}) error {
+	for _, done := range wait {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 func (sb *subscriber) dispatch(msg *redis.Message) {
@@ -338,6 +495,7 @@ func (sb *subscriber) dispatch(msg *redis.Message) {
 }
 
 func (sb *subscriber) close() {
+	sb.cancel()
 	sb.mu.Lock()
 	if sb.members != nil {
 		_ = sb.members.Close()

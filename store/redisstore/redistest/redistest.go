@@ -216,51 +216,172 @@ func encodeCommand(args []string) []byte {
 	return []byte(b.String())
 }
 
-// Cluster is a local Redis Cluster of masters only.
+// Cluster is a local Redis Cluster: masters, and with
+// StartClusterWithReplicas a replica of each.
 type Cluster struct {
-	Nodes []*Server
+	Nodes []*Server // the masters as created; a failover changes roles
+	// Replicas: the replicas as created, one per master.
+	Replicas []*Server
 }
 
 // URL points at the first node; greendot discovers the rest.
 func (c *Cluster) URL() string { return c.Nodes[0].URL() }
 
 // StartCluster starts n masters and joins them into a cluster.
-func StartCluster(t testing.TB, n int) *Cluster {
+func StartCluster(t testing.TB, n int) *Cluster { return startCluster(t, n, 0) }
+
+// StartClusterWithReplicas starts n masters and a replica of each, for
+// failovers.
+func StartClusterWithReplicas(t testing.TB, n int) *Cluster { return startCluster(t, n, 1) }
+
+func startCluster(t testing.TB, n, replicas int) *Cluster {
 	t.Helper()
 	requireBinaries(t)
-	c := &Cluster{}
+	var all []*Server
 	var addrs []string
-	for i := 0; i < n; i++ {
+	for i := 0; i < n*(1+replicas); i++ {
 		s := Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", "2000")
-		c.Nodes = append(c.Nodes, s)
+		all = append(all, s)
 		addrs = append(addrs, s.Addr())
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ok := true
-		for _, s := range c.Nodes {
-			info, err := s.Do("CLUSTER", "INFO")
-			if err != nil || !strings.Contains(info, "cluster_state:ok") {
-				ok = false
-				break
-			}
+	c := &Cluster{}
+	// redis-cli picks the masters; ask each server what it became.
+	for _, s := range all {
+		if role(s) == "master" {
+			c.Nodes = append(c.Nodes, s)
+		} else {
+			c.Replicas = append(c.Replicas, s)
 		}
-		if ok {
-			return c
+	}
+	if len(c.Nodes) != n {
+		t.Fatalf("redistest: %d masters after create, want %d\n%s", len(c.Nodes), n, out)
+	}
+	if err := c.WaitSettled(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// role is "master", "slave", or "" when the server does not answer.
+func role(s *Server) string {
+	info, err := s.Do("INFO", "replication")
+	if err != nil {
+		return ""
+	}
+	return infoField(info, "role")
+}
+
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// WaitSettled waits until every running server says cluster_state:ok and
+// every running replica's link to its master is up.
+func (c *Cluster) WaitSettled(d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		err := c.settled()
+		if err == nil {
+			return nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("redistest: cluster did not reach cluster_state:ok within 20s")
+			return fmt.Errorf("redistest: cluster not settled within %v: %v", d, err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (c *Cluster) settled() error {
+	for _, s := range append(append([]*Server(nil), c.Nodes...), c.Replicas...) {
+		if s.cmd == nil {
+			continue // stopped by the test
+		}
+		info, err := s.Do("CLUSTER", "INFO")
+		if err != nil || !strings.Contains(info, "cluster_state:ok") {
+			return fmt.Errorf("%s: cluster state %q, %v", s.Addr(), infoField(info, "cluster_state"), err)
+		}
+		repl, err := s.Do("INFO", "replication")
+		if err != nil {
+			return err
+		}
+		if infoField(repl, "role") == "slave" && infoField(repl, "master_link_status") != "up" {
+			return fmt.Errorf("%s: replica's link to its master is %q", s.Addr(), infoField(repl, "master_link_status"))
+		}
+	}
+	return nil
+}
+
+// Owner is the master that serves key now: the one server that answers
+// for it rather than redirecting.
+func (c *Cluster) Owner(t testing.TB, key string) *Server {
+	t.Helper()
+	for _, s := range append(append([]*Server(nil), c.Nodes...), c.Replicas...) {
+		if s.cmd == nil {
+			continue
+		}
+		if _, err := s.Do("EXISTS", key); err == nil {
+			return s
+		}
+	}
+	t.Fatalf("redistest: no server answers for %s", key)
+	return nil
+}
+
+// ReplicaOf is the running replica of master.
+func (c *Cluster) ReplicaOf(t testing.TB, master *Server) *Server {
+	t.Helper()
+	for _, s := range append(append([]*Server(nil), c.Nodes...), c.Replicas...) {
+		if s.cmd == nil || s == master {
+			continue
+		}
+		repl, err := s.Do("INFO", "replication")
+		if err == nil && infoField(repl, "role") == "slave" && infoField(repl, "master_port") == strconv.Itoa(master.Port) {
+			return s
+		}
+	}
+	t.Fatalf("redistest: no replica of %s", master.Addr())
+	return nil
+}
+
+// Failover makes replica its master's master by CLUSTER FAILOVER, the
+// planned handover (the master stops taking writes until the replica has
+// them all), and waits until the cluster has settled on it.
+func (c *Cluster) Failover(t testing.TB, replica *Server) {
+	t.Helper()
+	if _, err := replica.Do("CLUSTER", "FAILOVER"); err != nil {
+		t.Fatalf("redistest: CLUSTER FAILOVER on %s: %v", replica.Addr(), err)
+	}
+	c.WaitMaster(t, replica, 20*time.Second)
+}
+
+// WaitMaster waits until s is a master and the cluster has settled (after
+// CLUSTER FAILOVER, or once the cluster elected s in place of a master
+// that died).
+func (c *Cluster) WaitMaster(t testing.TB, s *Server, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for role(s) != "master" {
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: %s is no master within %v", s.Addr(), d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := c.WaitSettled(time.Until(deadline)); err != nil {
+		t.Fatal(err)
 	}
 }
 
