@@ -354,12 +354,10 @@ func (sb *subscriber) replace(old *redis.PubSub) {
 			sb.mu.Unlock()
 			return
 		}
+		// Should Redis drop the new one's channels too once confirmed,
+		// confirmed starts another replace of it.
 		nps, wait := sb.resubscribeLocked(old)
 		delete(sb.replacing, old)
-		if nps != nil {
-			// Until confirmed, this loop looks after it.
-			sb.replacing[nps] = true
-		}
 		sb.mu.Unlock()
 		_ = old.Close()
 		if nps == nil {
@@ -368,9 +366,6 @@ func (sb *subscriber) replace(old *redis.PubSub) {
 		ctx, cancel := context.WithTimeout(sb.ctx, subsSyncTimeout)
 		err := waitAll(ctx, wait)
 		cancel()
-		sb.mu.Lock()
-		delete(sb.replacing, nps)
-		sb.mu.Unlock()
 		if err == nil {
 			sb.s.log.Info("subscriptions moved to the new master; resyncing viewers")
 			sb.s.needResync.Store(true)
