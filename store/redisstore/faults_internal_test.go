@@ -730,3 +730,58 @@ func TestGraceEndIsSwept(t *testing.T) {
 		return nil
 	})
 }
+
+// A data loss's hold-off lasts while a node that found the loss has not
+// written its connections back yet, not only its fixed time: reads stay
+// refused meanwhile. Found by the chaos test (seed 829158268, cluster, two
+// busy loops beside it): a master restarted empty, then killed again within
+// the hold-off and back with its data; the nodes' re-assertions kept
+// failing, the loss mark expired, and a snapshot listed a live user offline.
+// Here b stands for such a node: it beats, and cannot write c2 back.
+func TestLossHoldOffLastsWhileANodeRestores(t *testing.T) {
+	ctx := context.Background()
+	const holdOff = time.Second
+	r := redistest.Start(t)
+	cfg := func(node string) Config {
+		return Config{URL: r.URL(), Node: node, TTL: 10 * time.Second, Grace: 100 * time.Millisecond,
+			NodeTTL: 1500 * time.Millisecond, HoldOff: holdOff}
+	}
+	a, _ := mkWith(t, cfg("a"))
+	b, _ := mkWith(t, cfg("b"))
+	must(t, a.AddMember(ctx, "t", "bob"))
+	must(t, b.Connect(ctx, presence.Conn{ID: "c2", UserID: "bob", Device: "ios"}))
+	// b's loops stop: it beats when the test says, and re-asserts only
+	// when told to.
+	close(b.stop)
+	b.wg.Wait()
+	b.stop = make(chan struct{}) // for Close
+
+	flushKeepingMembership(t, r, "t", "bob")
+	b.beat(ctx, false)
+	if !b.lostData.Load() {
+		t.Fatal("b's beat did not find the loss")
+	}
+	for end := time.Now().Add(3 * holdOff); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		b.beat(ctx, false)
+		_ = a.Sweep(ctx)
+		ps, err := a.WholeStates(ctx, []string{"bob"})
+		if !errors.Is(err, ErrRecovering) {
+			t.Fatalf("a read bob as %+v (err %v) while b had not written c2 back", ps, err)
+		}
+	}
+
+	must(t, b.recover(ctx))
+	b.lostData.Store(false) // as the health check does once recover succeeds
+	testwait.For(t, 3*holdOff, func() error {
+		b.beat(ctx, false)
+		_ = a.Sweep(ctx)
+		ps, err := a.WholeStates(ctx, []string{"bob"})
+		if err != nil {
+			return err
+		}
+		if ps[0].State != presence.Online {
+			return fmt.Errorf("bob = %+v, want online", ps[0])
+		}
+		return nil
+	})
+}

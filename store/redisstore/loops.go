@@ -232,7 +232,7 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	calls := make([]call, numShards)
 	for sh := range calls {
 		calls[sh] = call{keys: shardKeys(sh), args: []any{s.cfg.Node, boolArg(leaving), boolArg(beaten),
-			s.cfg.HoldOff.Milliseconds(), s.cfg.NodeTTL.Milliseconds()}}
+			s.cfg.HoldOff.Milliseconds(), s.cfg.NodeTTL.Milliseconds(), boolArg(!leaving && s.restoring())}}
 	}
 	all, errs := s.evalMany(ctx, s.sc.beat, calls)
 	var replies []any
@@ -273,10 +273,28 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	// its data, or the node stalled and was taken for dead. Recover now.
 	if missing && beaten && !leaving {
 		s.log.Warn("redis no longer knew this node: re-asserting live connections")
-		s.lostData.Store(true)
+		s.noteLoss()
 		s.healthy.Store(false)
 	}
 }
+
+// noteLoss marks that this node found a data loss (lostData) and when.
+func (s *Store) noteLoss() {
+	if !s.lostData.Swap(true) {
+		s.lossAt.Store(time.Now().UnixNano())
+	}
+}
+
+// restoring says whether this node's beats hold a loss's hold-off open
+// (beat.lua): it found a loss and has not written its connections back,
+// for at most maxRestoringHoldOffs hold-offs, so that a node that cannot
+// write them back (cut off from one master, able to beat into another)
+// does not keep every read of the cluster refused.
+func (s *Store) restoring() bool {
+	return s.lostData.Load() && time.Since(time.Unix(0, s.lossAt.Load())) < maxRestoringHoldOffs*s.cfg.HoldOff
+}
+
+const maxRestoringHoldOffs = 6
 
 // A failed re-assertion is tried again after a backoff that doubles from
 // minRecoverBackoff to maxRecoverBackoff. Everything this node wrote during

@@ -133,6 +133,7 @@ type Store struct {
 	// data, or took the node for dead); the resync after recovery waits
 	// for the other nodes to write theirs back.
 	lostData atomic.Bool
+	lossAt   atomic.Int64 // when lostData was last set, unix ns
 	// emptied: the shards (bit per shard) whose last sweep found them in a
 	// data loss's hold-off; see Intact.
 	emptied atomic.Uint64

@@ -180,7 +180,7 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 	// ran), or this process started after the loss. Recover all the same.
 	if newlyEmptied && !s.lostData.Load() && !s.awaitingResync.Load() {
 		s.log.Warn("redis lost a shard's data: re-asserting live connections")
-		s.lostData.Store(true)
+		s.noteLoss()
 		s.healthy.Store(false)
 	}
 	return dead, err

@@ -1,5 +1,7 @@
 -- KEYS: the shard's (prelude). ARGV: node, leaving (1/0), beaten (1/0:
--- this process beat before), hold-off ms, node ttl ms. A node's
+-- this process beat before), hold-off ms, node ttl ms, restoring (1/0: this
+-- node found a data loss and has not written its connections back yet).
+-- A node's
 -- liveness, kept in every shard (NODES) so each shard's sweep can judge it
 -- within its own slot. A leaving node is marked as long dead, so sweepers
 -- release whatever it still holds at once (and drop it once it holds
@@ -19,6 +21,17 @@ if missing == 1 and ARGV[3] == '1' and redis.call('EXISTS', LS) == 0 then
   local holdoff = tonumber(ARGV[4])
   redis.call('SET', HO, NOW_MS + holdoff)
   redis.call('SET', EM, '1', 'PX', holdoff)
+end
+-- A loss's hold-off (EM, HO) lasts while a node that found the loss has
+-- not written its connections back, not only its fixed time: a second
+-- outage or a cluster answering CLUSTERDOWN can keep a node from it for
+-- longer, and a shard that reads whole meanwhile lists that node's users
+-- offline (chaos, cluster: a master restarted empty, then killed again
+-- within the hold-off and back with its data).
+if ARGV[6] == '1' and redis.call('EXISTS', EM) == 1 then
+  local holdoff = tonumber(ARGV[4])
+  redis.call('SET', EM, '1', 'PX', holdoff)
+  if num(redis.call('GET', HO)) < NOW_MS + holdoff then redis.call('SET', HO, NOW_MS + holdoff) end
 end
 local score = NOW_MS
 if ARGV[2] == '1' then score = 0 end
