@@ -60,18 +60,29 @@ func TestWebhooksFromAMemoryNode(t *testing.T) {
 	if h.Data.UserID != "alice" || h.Data.State != "online" || h.Data.PreviousState != "offline" {
 		t.Fatalf("webhook %s", h.Body)
 	}
-	resp, err := http.Get("http://" + node.Addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, m := range []string{`greendot_webhook_deliveries_total{outcome="delivered"} 1`, "greendot_webhook_queue_depth",
-		"greendot_webhook_oldest_event_age_seconds", "greendot_webhook_retries_total", `greendot_webhook_attempts_total{result="timeout"} 0`} {
-		if !strings.Contains(string(b), m) {
-			t.Errorf("/metrics lacks %s", m)
+	waitMetrics(t, node.Addr, `greendot_webhook_deliveries_total{outcome="delivered"} 1`, "greendot_webhook_queue_depth",
+		"greendot_webhook_oldest_event_age_seconds", "greendot_webhook_retries_total", `greendot_webhook_attempts_total{result="timeout"} 0`)
+}
+
+// waitMetrics waits until the node's /metrics holds every line part want.
+// A webhook receiver holds a delivery before the sender has its answer and
+// counts it, so a count read at once may be one short.
+func waitMetrics(t *testing.T, addr string, want ...string) {
+	t.Helper()
+	testwait.For(t, 5*time.Second, func() error {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return err
 		}
-	}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, m := range want {
+			if !strings.Contains(string(b), m) {
+				return fmt.Errorf("/metrics lacks %s", m)
+			}
+		}
+		return nil
+	})
 }
 
 func TestPusherWebhookFlagsAreChecked(t *testing.T) {
@@ -150,16 +161,6 @@ func TestBothWebhookFormatsFromAMemoryNode(t *testing.T) {
 		"member_removed presence-eng alice,channel_vacated presence-eng" {
 		t.Fatalf("Pusher events %s", s)
 	}
-	resp, err = http.Get("http://" + node.Addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, m := range []string{`greendot_webhook_deliveries_total{outcome="delivered"} 2`,
-		`greendot_pusher_webhook_deliveries_total{outcome="delivered"} 2`, "greendot_pusher_webhook_queue_depth"} {
-		if !strings.Contains(string(b), m) {
-			t.Errorf("/metrics lacks %s", m)
-		}
-	}
+	waitMetrics(t, node.Addr, `greendot_webhook_deliveries_total{outcome="delivered"} 2`,
+		`greendot_pusher_webhook_deliveries_total{outcome="delivered"} 2`, "greendot_pusher_webhook_queue_depth")
 }
