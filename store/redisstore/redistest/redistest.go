@@ -305,8 +305,13 @@ func (c *Cluster) WaitSettled(d time.Duration) error {
 	}
 }
 
+// all is every server, masters and replicas as created.
+func (c *Cluster) all() []*Server {
+	return append(append([]*Server(nil), c.Nodes...), c.Replicas...)
+}
+
 func (c *Cluster) settled() error {
-	for _, s := range append(append([]*Server(nil), c.Nodes...), c.Replicas...) {
+	for _, s := range c.all() {
 		if s.cmd == nil {
 			continue // stopped by the test
 		}
@@ -329,7 +334,7 @@ func (c *Cluster) settled() error {
 // for it rather than redirecting.
 func (c *Cluster) Owner(t testing.TB, key string) *Server {
 	t.Helper()
-	for _, s := range append(append([]*Server(nil), c.Nodes...), c.Replicas...) {
+	for _, s := range c.all() {
 		if s.cmd == nil {
 			continue
 		}
@@ -344,7 +349,7 @@ func (c *Cluster) Owner(t testing.TB, key string) *Server {
 // ReplicaOf is the running replica of master.
 func (c *Cluster) ReplicaOf(t testing.TB, master *Server) *Server {
 	t.Helper()
-	for _, s := range append(append([]*Server(nil), c.Nodes...), c.Replicas...) {
+	for _, s := range c.all() {
 		if s.cmd == nil || s == master {
 			continue
 		}
