@@ -40,6 +40,8 @@ func startChaosRedis(t *testing.T, nodes int) *chaosRedis {
 
 func (r *chaosRedis) url(node int) string { return "redis://" + r.proxies[node].Addr() }
 
+func (r *chaosRedis) servers() []*redistest.Server { return []*redistest.Server{r.srv} }
+
 var (
 	_ redisTopology = (*chaosRedis)(nil)
 	_ redisTopology = (*chaosCluster)(nil)
@@ -92,6 +94,8 @@ func startChaosCluster(t *testing.T, n int) *chaosCluster {
 
 // url is the first master's proxy for every node: greendot finds the rest.
 func (c *chaosCluster) url(int) string { return "redis://" + c.proxies[0].Addr() }
+
+func (c *chaosCluster) servers() []*redistest.Server { return c.masters }
 
 func (c *chaosCluster) waitOK(d time.Duration) error {
 	deadline := time.Now().Add(d)

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/greendot/greendot/store/redisstore/redistest"
 )
 
 // TestChaos runs real greendot processes on a real Redis (and on a local
@@ -45,12 +47,26 @@ func TestChaos(t *testing.T) {
 		duration = d
 	}
 	t.Logf("chaos seed %d (replay: GREENDOT_CHAOS_SEED=%d go test -run 'TestChaos' ./e2e), %v of faults per topology", seed, seed, duration)
+	failed := map[string][]string{}
+	var topos []string
 	for _, topo := range []string{"redis", "cluster"} {
-		t.Run(topo, func(t *testing.T) {
-			runChaos(t, chaosConfig{topology: topo, seed: seed, duration: duration,
+		var verdict []string
+		if !t.Run(topo, func(t *testing.T) {
+			verdict = runChaos(t, chaosConfig{topology: topo, seed: seed, duration: duration,
 				users: 24, teams: 4, devices: 30, perUser: 2,
 				tm: timing{ttl: 3 * time.Second, heartbeat: time.Second, grace: 1500 * time.Millisecond}})
-		})
+		}) {
+			if len(verdict) == 0 {
+				verdict = []string{"stopped before the oracle judged the run: its output above says why"}
+			}
+			failed[topo], topos = verdict, append(topos, topo)
+		}
+	}
+	// Said again at the very end, whatever ran after a failing topology: CI
+	// shows only the end of the output.
+	for _, topo := range topos {
+		t.Logf("FAILED %s, seed %d (replay: GREENDOT_CHAOS_SEED=%d GREENDOT_CHAOS_DURATION=%v go test -count=1 -run '^TestChaos$/^%s$' -v ./e2e):\n  %s",
+			topo, seed, seed, duration, topo, strings.Join(failed[topo], "\n  "))
 	}
 }
 
@@ -81,7 +97,9 @@ func (c chaosConfig) teamIDs() []string {
 	return out
 }
 
-func runChaos(t *testing.T, cfg chaosConfig) {
+// runChaos returns the kinds of violation it failed on, each with its first
+// few instances.
+func runChaos(t *testing.T, cfg chaosConfig) []string {
 	w := &world{t: t, cfg: cfg,
 		api:     &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 		members: map[string]map[string]bool{}, busyPair: map[string]bool{}, counts: map[string]int{}}
@@ -221,7 +239,7 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 			t.Logf("the run's record: %s", path)
 		}
 	}
-	w.report(o, settled.Sub(settleFrom), len(problems) == 0)
+	return w.report(o, settled.Sub(settleFrom), len(problems) == 0)
 }
 
 // run is the scheduler: a client action every 150-350 ms, and a node or
@@ -322,6 +340,7 @@ func (w *world) prepare(kind string, r *rand.Rand) func() {
 type redisTopology interface {
 	url(node int) string
 	prepare(w *world, kind string, r *rand.Rand) func()
+	servers() []*redistest.Server
 }
 
 func (rd *chaosRedis) prepare(w *world, kind string, r *rand.Rand) func() {
@@ -690,7 +709,7 @@ func (w *world) settleCheck() []string {
 }
 
 // report prints the figures and fails on every violation.
-func (w *world) report(o *oracle, settleTook time.Duration, settled bool) {
+func (w *world) report(o *oracle, settleTook time.Duration, settled bool) []string {
 	t := w.t
 	cfg := w.cfg
 	w.mu.Lock()
@@ -770,7 +789,7 @@ func (w *world) report(o *oracle, settleTook time.Duration, settled bool) {
 	// (comma-separated): CI tolerates those of a finding still open
 	// (docs/reliability.md).
 	tolerate := strings.Split(os.Getenv("GREENDOT_CHAOS_TOLERATE"), ",")
-	var failing []string
+	var failing, verdict []string
 	for _, k := range kinds {
 		if !slices.Contains(tolerate, k) {
 			failing = append(failing, k)
@@ -779,6 +798,9 @@ func (w *world) report(o *oracle, settleTook time.Duration, settled bool) {
 	// The nodes' logs first, the violations last: CI shows the end of the
 	// output.
 	if len(failing) > 0 || t.Failed() {
+		if dir := os.Getenv("GREENDOT_CHAOS_LOGDIR"); dir != "" {
+			w.keepRedisData(dir)
+		}
 		if len(notes) > 0 {
 			t.Logf("harness notes:\n  %s", strings.Join(notes, "\n  "))
 		}
@@ -792,6 +814,34 @@ func (w *world) report(o *oracle, settleTook time.Duration, settled bool) {
 			continue
 		}
 		t.Errorf("seed %d %s: %d %s:\n  %s", cfg.seed, cfg.topology, o.fig[k], k, strings.Join(o.violations[k], "\n  "))
+		first := o.violations[k]
+		if len(first) > 3 {
+			first = append(first[:3:3], fmt.Sprintf("… %d more", len(first)-3))
+		}
+		verdict = append(verdict, fmt.Sprintf("%d %s: %s", o.fig[k], k, strings.Join(first, "; ")))
+	}
+	if len(verdict) == 0 && t.Failed() {
+		verdict = append(verdict, "no violation, but the run failed: its output above says why")
+	}
+	return verdict
+}
+
+// keepRedisData copies each Redis's AOF (appendfsync always: every write
+// since its last empty start, scripts as their effects) into dir, where
+// redis-check-aof or a plain reader shows who wrote what.
+func (w *world) keepRedisData(dir string) {
+	for i, srv := range w.topo.servers() {
+		reply, err := srv.DoList("CONFIG", "GET", "dir")
+		if err != nil || len(reply) != 2 {
+			w.t.Logf("redis %d: CONFIG GET dir: %v %v", i, reply, err)
+			continue
+		}
+		to := filepath.Join(dir, fmt.Sprintf("%s-redis%d-%d-aof", w.cfg.topology, i, w.cfg.seed))
+		if err := os.CopyFS(to, os.DirFS(filepath.Join(reply[1], "appendonlydir"))); err != nil {
+			w.t.Logf("redis %d: keep its AOF: %v", i, err)
+			continue
+		}
+		w.t.Logf("redis %d's AOF: %s", i, to)
 	}
 }
 
