@@ -483,3 +483,45 @@ func TestJoinCatchUpDuringADataLossWaitsForTheStateWrittenBack(t *testing.T) {
 		t.Fatalf("u01 was sent %s, want u17 online: u17's device never left", w)
 	}
 }
+
+// Chaos seed 786074653 (one Redis): after an empty restart a viewer saw
+// u04 again through a second team and was told offline above what it held
+// (the store read u04 as never seen, version 0). u04 left that team too and
+// came back to the first: the second team's view held version 0, so the
+// removal hid u04 at 0, and the next catch-up sent offline at version 0,
+// below what the client held.
+func TestSeenAgainTwiceAfterADataLossStaysNewer(t *testing.T) {
+	for _, kind := range []string{"shared", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			h, st, _, local := catchUpHub(t, kind, [][2]string{{"t0", "viewer"}, {"t0", "u04"}, {"t3", "viewer"}})
+			v := online(t, st, "u04")
+			w := &wire{c: local("viewer")}
+			move := func(team string, joined bool, teams ...string) {
+				t.Helper()
+				var err error
+				if joined {
+					err = st.AddMember(ctx, team, "u04")
+				} else {
+					err = st.RemoveMember(ctx, team, "u04")
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Read as the store reads a user after losing its data.
+				h.OnMembership(store.MembershipEvent{Team: team, UserID: "u04", Joined: joined,
+					State: presence.Offline, Version: 0, UserTeams: store.TeamList(teams)})
+				w.write()
+				runJobs(ctx, h, w)
+			}
+			move("t0", false)
+			move("t3", true, "t3")
+			move("t3", false)
+			move("t0", true, "t0")
+			want := fmt.Sprintf("[u04=offline@%d u04=offline@%d]", v+1, v+2)
+			if got := w.String(); got != want {
+				t.Fatalf("viewer was sent %s, want %s: each newer than the last", got, want)
+			}
+		})
+	}
+}

@@ -78,6 +78,11 @@ type client struct {
 	// value; 0 unknown). Past maxHidden, hiddenAll stands for them all.
 	hidden    map[string]uint64
 	hiddenAll bool
+	// Subjects this connection was told at a version above the store's (a
+	// catch-up after a data loss): the teams' views hold the store's
+	// version, so a later removal must remember this one (the value).
+	// At most maxHidden.
+	raised map[string]uint64
 	// The snapshot's recent entries (versions from the last recentWindow,
 	// with a shared store's time-based versions), until recentUntil: a
 	// change read in the snapshot may still be in flight on the team
@@ -155,6 +160,14 @@ func (c *client) queue(ch protocol.Change, bulk, wake bool) bool {
 		}
 		delete(c.hidden, ch.UserID)
 	}
+	if held, ok := c.raised[ch.UserID]; ok {
+		if ch.Version <= held {
+			c.mu.Unlock()
+			m.dropped.WithLabelValues(reasonStale).Inc()
+			return false
+		}
+		delete(c.raised, ch.UserID) // the store's versions are past it
+	}
 	if c.pending == nil {
 		c.pending = make(map[string]protocol.Change)
 	}
@@ -211,9 +224,10 @@ func (c *client) hide(subject string, held uint64) {
 			if c.hidden == nil {
 				c.hidden = make(map[string]uint64)
 			}
-			c.hidden[subject] = max(c.hidden[subject], held)
+			c.hidden[subject] = max(c.hidden[subject], held, c.raised[subject])
 		}
 	}
+	delete(c.raised, subject)
 	c.dropLocked(subject)
 }
 
@@ -254,6 +268,35 @@ func catchUp(p presence.Presence, held uint64, now time.Time) (protocol.Change, 
 		v = held + 1
 	}
 	return changeOf(p, v, now), true
+}
+
+// pushCatchUp queues catchUp(p, held, now) and reports what it queued. A
+// version raised above the store's is remembered: the views hold the
+// store's, and a removal would otherwise hide the subject at that one, so
+// a later catch-up would send it again, below what the client holds.
+func (c *client) pushCatchUp(p presence.Presence, held uint64, now time.Time) (protocol.Change, bool) {
+	ch, ok := catchUp(p, held, now)
+	if !ok || !c.push(ch, true) {
+		return ch, false
+	}
+	c.noteRaised(ch, p.Version)
+	return ch, true
+}
+
+// noteRaised remembers ch, sent to this connection, when its version is
+// above read, the store's.
+func (c *client) noteRaised(ch protocol.Change, read uint64) {
+	if ch.Version <= read || c.px != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.raised == nil {
+		c.raised = make(map[string]uint64)
+	}
+	if _, ok := c.raised[ch.UserID]; ok || len(c.raised) < maxHidden {
+		c.raised[ch.UserID] = max(c.raised[ch.UserID], ch.Version)
+	}
 }
 
 func (c *client) dropLocked(subject string) {

@@ -105,6 +105,7 @@ func (h *hub) resync(floor func(string) uint64) {
 					if stale, was := c.unhide(p.UserID); stale && lu.id != p.UserID {
 						if ch, ok := catchUp(p, was, at); ok {
 							give(lu, c, ch, team)
+							c.noteRaised(ch, p.Version)
 						}
 					}
 				}

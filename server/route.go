@@ -229,7 +229,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 				continue // reached lu since its own catch-up began: no news
 			}
 			if stale, was := c.unhide(ev.UserID); !given && (stale || shown.State != presence.Offline) {
-				if ch, ok := catchUp(shown, was, h.srv.cfg.Now()); ok && c.push(ch, true) && lu.flight != nil {
+				if ch, ok := c.pushCatchUp(shown, was, h.srv.cfg.Now()); ok && lu.flight != nil {
 					noted = append(noted, notedPush{lu, ch.Version})
 				}
 			}
@@ -480,7 +480,7 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 		}
 		for _, p := range ps {
 			if stale, was := c.unhide(p.UserID); stale || p.State != presence.Offline {
-				if ch, ok := catchUp(p, was, now); ok && c.push(ch, true) {
+				if ch, ok := c.pushCatchUp(p, was, now); ok {
 					sent = append(sent, ch)
 				}
 			}
