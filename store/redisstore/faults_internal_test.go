@@ -785,3 +785,41 @@ func TestLossHoldOffLastsWhileANodeRestores(t *testing.T) {
 		return nil
 	})
 }
+
+// A node that held no connection when it found a loss (a process started
+// during the hold-off) has nothing to write back: its beats must not keep
+// the hold-off going (chaos seed 409074510, one Redis: node c, restarted
+// during the hold-off of an empty restart, kept reads refused 4.4 s longer,
+// and a join's deferred event gave up meanwhile).
+func TestLossHoldOffNotKeptByANodeWithNothingToRestore(t *testing.T) {
+	ctx := context.Background()
+	const holdOff = time.Second
+	r := redistest.Start(t)
+	cfg := func(node string) Config {
+		return Config{URL: r.URL(), Node: node, TTL: 10 * time.Second, Grace: 100 * time.Millisecond,
+			NodeTTL: 1500 * time.Millisecond, HoldOff: holdOff}
+	}
+	a, _ := mkWith(t, cfg("a"))
+	c, _ := mkWith(t, cfg("c"))
+	must(t, a.AddMember(ctx, "t", "bob"))
+	// c's loops stop: it beats when the test says.
+	close(c.stop)
+	c.wg.Wait()
+	c.stop = make(chan struct{}) // for Close
+
+	flushKeepingMembership(t, r, "t", "bob")
+	c.beat(ctx, false)
+	if !c.lostData.Load() {
+		t.Fatal("c's beat did not find the loss")
+	}
+	if c.restoring() {
+		t.Fatal("c holds no connection, yet its beats would hold the hold-off open")
+	}
+	// c beats on and never recovers; the hold-off still ends on its own.
+	testwait.For(t, 3*holdOff, func() error {
+		c.beat(ctx, false)
+		_ = a.Sweep(ctx)
+		_, err := a.WholeStates(ctx, []string{"bob"})
+		return err
+	})
+}

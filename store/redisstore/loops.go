@@ -278,10 +278,15 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	}
 }
 
-// noteLoss marks that this node found a data loss (lostData) and when.
+// noteLoss marks that this node found a data loss (lostData), when, and
+// whether it held connections then.
 func (s *Store) noteLoss() {
+	s.mu.Lock()
+	held := len(s.conns) > 0
+	s.mu.Unlock()
 	if !s.lostData.Swap(true) {
 		s.lossAt.Store(time.Now().UnixNano())
+		s.lossHeld.Store(held)
 	}
 }
 
@@ -289,9 +294,11 @@ func (s *Store) noteLoss() {
 // (beat.lua): it found a loss and has not written its connections back,
 // for at most maxRestoringHoldOffs hold-offs, so that a node that cannot
 // write them back (cut off from one master, able to beat into another)
-// does not keep every read of the cluster refused.
+// does not keep every read of the cluster refused. A node that held none
+// has nothing to write back: a process started during a hold-off finds the
+// loss too, and held it open a hold-off longer (chaos seed 409074510).
 func (s *Store) restoring() bool {
-	return s.lostData.Load() && time.Since(time.Unix(0, s.lossAt.Load())) < maxRestoringHoldOffs*s.cfg.HoldOff
+	return s.lostData.Load() && s.lossHeld.Load() && time.Since(time.Unix(0, s.lossAt.Load())) < maxRestoringHoldOffs*s.cfg.HoldOff
 }
 
 const maxRestoringHoldOffs = 6

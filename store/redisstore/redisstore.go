@@ -134,6 +134,9 @@ type Store struct {
 	// for the other nodes to write theirs back.
 	lostData atomic.Bool
 	lossAt   atomic.Int64 // when lostData was last set, unix ns
+	// lossHeld: this node held connections when it found the loss, so it
+	// has some to write back (see restoring).
+	lossHeld atomic.Bool
 	// emptied: the shards (bit per shard) whose last sweep found them in a
 	// data loss's hold-off; see Intact.
 	emptied atomic.Uint64
