@@ -20,7 +20,9 @@ import (
 // through the proxies). Both persist with AOF (appendfsync always), so a
 // restart can keep the data or, with the files removed, come back empty.
 
-var aof = []string{"--appendonly", "yes", "--appendfsync", "always"}
+// The AOF's timestamps (a line a second) date its writes when a failed
+// run's AOF is read (GREENDOT_CHAOS_LOGDIR keeps it).
+var aof = []string{"--appendonly", "yes", "--appendfsync", "always", "--aof-timestamp-enabled", "yes"}
 
 // chaosRedis is one Redis with a proxy in front of it for each greendot node.
 type chaosRedis struct {
