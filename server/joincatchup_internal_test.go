@@ -525,3 +525,34 @@ func TestSeenAgainTwiceAfterADataLossStaysNewer(t *testing.T) {
 		})
 	}
 }
+
+// Chaos seed 245067116 (one Redis): u21 connected while u13's join to t1
+// was written and not yet heard; its snapshot read u13. The join's event
+// then pushed u13 to every t1 member who could not see u13 before, u21 too:
+// the same version twice. It goes to those whose hold differs.
+func TestJoinEventSkipsAViewerWhoseSnapshotHoldsTheJoiner(t *testing.T) {
+	for _, kind := range []string{"shared", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			h, st, _, local := catchUpHub(t, kind, [][2]string{{"t1", "u21"}, {"t1", "u30"}, {"t0", "u13"}})
+			v := online(t, st, "u13")
+			before := &wire{c: local("u30")} // connected before the join: sees no u13
+			if err := st.AddMember(ctx, "t1", "u13"); err != nil {
+				t.Fatal(err)
+			}
+			after := &wire{c: local("u21")} // its snapshot reads u13
+			h.OnMembership(store.MembershipEvent{Team: "t1", UserID: "u13", Joined: true,
+				State: presence.Online, Version: v, UserTeams: store.TeamList([]string{"t0", "t1"})})
+			before.write()
+			after.write()
+			runJobs(ctx, h, before, after)
+			want := fmt.Sprintf("[u13=online@%d]", v)
+			if got := before.String(); got != want {
+				t.Errorf("u30 was sent %s, want %s", got, want)
+			}
+			if got := after.String(); got != "[]" {
+				t.Errorf("u21, whose snapshot holds u13 at v%d, was sent %s, want nothing", v, got)
+			}
+		})
+	}
+}

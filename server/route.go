@@ -194,6 +194,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		shown = *ev.Presence // the whole entry, status text included, when the store gave it
 	}
 	given := false  // the members hold shown or newer: nothing to push
+	var to *reach   // when set, the members to push to (others hold shown)
 	var held uint64 // after a removal: the version the members may hold
 	if h.views != nil && h.byTeam[ev.Team] != nil && !large {
 		cur, ok := h.views.get(ev.Team, ev.UserID)
@@ -204,7 +205,12 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		case ok && cur.version >= ev.Version && cur.odd == nil:
 			given = true
 		case ok && cur.version >= ev.Version:
-			h.views.unsure(ev.Team, ev.UserID) // pushed to some below, unseen by its odds
+			// Pushed below to the members whose hold differs, unseen by the
+			// odds after: not to one whose snapshot, read after the join
+			// was written, holds it (chaos seed 245067116: the same
+			// version twice).
+			r := h.views.unsureReach(ev.Team, ev.UserID)
+			to = &r
 			shown = presence.Presence{UserID: ev.UserID, State: cur.look.State, Version: cur.version,
 				ShownLastSeen: msTime(cur.look.LastSeen),
 				Status:        presence.Status{Text: cur.look.Text, Emoji: cur.look.Emoji, ExpiresAt: msTime(cur.look.ExpiresAt)}}
@@ -228,7 +234,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			if lu.flight.holds(ev.UserID, shown.Version) {
 				continue // reached lu since its own catch-up began: no news
 			}
-			if stale, was := c.unhide(ev.UserID); !given && (stale || shown.State != presence.Offline) {
+			if stale, was := c.unhide(ev.UserID); !given && (stale || (shown.State != presence.Offline && (to == nil || to.to(c)))) {
 				if ch, ok := c.pushCatchUp(shown, was, h.srv.cfg.Now()); ok && lu.flight != nil {
 					noted = append(noted, notedPush{lu, ch.Version})
 				}

@@ -413,6 +413,21 @@ func (v *views) unsure(team, subject string) {
 	v.unsureLocked(team, subject)
 }
 
+// unsureReach is unsure, returning to whom of team's members a push of the
+// view's current state goes first: those whose hold differs from it (a
+// connection whose snapshot read it holds it already).
+func (v *views) unsureReach(team, subject string) reach {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	cur, ok := v.byTeam[team][subject]
+	if !ok || cur.odd == nil {
+		return reach{} // every member holds it
+	}
+	r := reachOf(cur.odd, cur.look) // detached below: the view gets new odds
+	v.unsureLocked(team, subject)
+	return r
+}
+
 func (v *views) unsureLocked(team, subject string) {
 	if cur, ok := v.byTeam[team][subject]; ok && cur.odd != nil {
 		cur.odd = unsure()
