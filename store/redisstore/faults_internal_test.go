@@ -823,3 +823,37 @@ func TestLossHoldOffNotKeptByANodeWithNothingToRestore(t *testing.T) {
 		return err
 	})
 }
+
+// A reply that refuses every call for now ran nothing: a status write so
+// refused must be made again once Redis takes writes. A demoted master
+// answers READONLY as a cluster that lost a master answers CLUSTERDOWN
+// (chaos seed 239783446, cluster: the write was taken for the script's
+// answer, the node stayed healthy, and a viewer showed the user away for
+// 14 s after they went online).
+func TestStatusRefusedForNowIsWrittenOnceRedisTakesWrites(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mkWith(t, Config{URL: r.URL(), Node: "n1", TTL: 10 * time.Second, Grace: 100 * time.Millisecond,
+		NodeTTL: 1500 * time.Millisecond, HoldOff: time.Second})
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web", Idle: true}))
+	// A replica of nobody: it keeps its data and refuses writes.
+	if _, err := r.Do("REPLICAOF", "127.0.0.1", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetStatus(ctx, "c1", true); err == nil || !strings.Contains(err.Error(), "READONLY") {
+		t.Fatalf("status write to a read-only Redis: %v, want READONLY", err)
+	}
+	if _, err := r.Do("REPLICAOF", "NO", "ONE"); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		ps, err := s.Presence(ctx, []string{"bob"})
+		if err != nil {
+			return err
+		}
+		if ps[0].State != presence.Online {
+			return fmt.Errorf("bob is %v: the refused status write was never made", ps[0].State)
+		}
+		return nil
+	})
+}

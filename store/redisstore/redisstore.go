@@ -629,11 +629,28 @@ func (s *Store) evalMany(ctx context.Context, script *redis.Script, calls []call
 	return replies, errs
 }
 
-// isRedisReply reports whether err is an error reply from a script (as
-// opposed to a connection failure).
+// isRedisReply reports whether err is Redis's answer to the call itself, a
+// script's error reply, as opposed to a connection failure or a refusal of
+// every call for now (transientReply).
 func isRedisReply(err error) bool {
 	var re redis.Error
-	return errors.As(err, &re)
+	return errors.As(err, &re) && !transientReply(re.Error())
+}
+
+// transientReply reports a reply that refuses the call for a while and ran
+// nothing: a cluster that lost a master or its majority (CLUSTERDOWN), a
+// server loading its data, a slot moving or served elsewhere, a write that
+// reached a demoted master, a script running long. Taken for an answer, a
+// status write refused so was never made again: the node stayed healthy and
+// re-asserted nothing (chaos seed 239783446, cluster: a viewer showed away
+// for 14 s a user who had gone online).
+func transientReply(msg string) bool {
+	for _, p := range []string{"CLUSTERDOWN", "LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY", "BUSY", "MOVED", "ASK"} {
+		if strings.HasPrefix(msg, p+" ") {
+			return true
+		}
+	}
+	return false
 }
 
 // loadScript loads a script on every master (Redis lost its script cache).
