@@ -143,10 +143,14 @@ func restartRedis(t *testing.T, s *redistest.Server, down time.Duration, empty b
 	}
 	s.Stop()
 	if empty {
-		for _, f := range []string{"appendonlydir", "dump.rdb"} {
-			if err := os.RemoveAll(filepath.Join(dir, f)); err != nil {
-				return err
-			}
+		// The AOF is moved aside, not removed: Redis starts without it, and
+		// a failed run keeps the writes from before the restart too.
+		aside := filepath.Join(dir, fmt.Sprintf("appendonlydir-%d", time.Now().UnixNano()))
+		if err := os.Rename(filepath.Join(dir, "appendonlydir"), aside); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		if err := os.RemoveAll(filepath.Join(dir, "dump.rdb")); err != nil {
+			return err
 		}
 	}
 	time.Sleep(down)

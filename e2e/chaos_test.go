@@ -826,9 +826,10 @@ func (w *world) report(o *oracle, settleTook time.Duration, settled bool) []stri
 	return verdict
 }
 
-// keepRedisData copies each Redis's AOF (appendfsync always: every write
-// since its last empty start, scripts as their effects) into dir, where
-// redis-check-aof or a plain reader shows who wrote what.
+// keepRedisData copies each Redis's AOFs (appendfsync always, a timestamp
+// line a second: every write, scripts as their effects; appendonlydir-N
+// those from before an empty restart) into dir, where redis-check-aof or a
+// plain reader shows who wrote what, and when.
 func (w *world) keepRedisData(dir string) {
 	for i, srv := range w.topo.servers() {
 		reply, err := srv.DoList("CONFIG", "GET", "dir")
@@ -836,12 +837,14 @@ func (w *world) keepRedisData(dir string) {
 			w.t.Logf("redis %d: CONFIG GET dir: %v %v", i, reply, err)
 			continue
 		}
+		aofs, _ := filepath.Glob(filepath.Join(reply[1], "appendonlydir*"))
 		to := filepath.Join(dir, fmt.Sprintf("%s-redis%d-%d-aof", w.cfg.topology, i, w.cfg.seed))
-		if err := os.CopyFS(to, os.DirFS(filepath.Join(reply[1], "appendonlydir"))); err != nil {
-			w.t.Logf("redis %d: keep its AOF: %v", i, err)
-			continue
+		for _, aof := range aofs {
+			if err := os.CopyFS(filepath.Join(to, filepath.Base(aof)), os.DirFS(aof)); err != nil {
+				w.t.Logf("redis %d: keep its AOF: %v", i, err)
+			}
 		}
-		w.t.Logf("redis %d's AOF: %s", i, to)
+		w.t.Logf("redis %d's AOFs: %s", i, to)
 	}
 }
 
