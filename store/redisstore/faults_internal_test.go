@@ -857,3 +857,35 @@ func TestStatusRefusedForNowIsWrittenOnceRedisTakesWrites(t *testing.T) {
 		return nil
 	})
 }
+
+// A connection closed while it was being re-asserted is ended in Redis
+// again; when Redis refuses that end, it is tried again, not left to keep
+// its user online until its deadline.
+func TestEndOfAConnectionClosedWhileReassertedIsRetried(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mkWith(t, Config{URL: r.URL(), Node: "n1", TTL: time.Minute, Grace: 100 * time.Millisecond,
+		NodeTTL: 1500 * time.Millisecond, HoldOff: time.Second})
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	s.mu.Lock()
+	delete(s.conns, "c1") // closed here: the re-assertion's check ends it in Redis
+	s.mu.Unlock()
+	if _, err := r.Do("REPLICAOF", "127.0.0.1", "1"); err != nil {
+		t.Fatal(err)
+	}
+	s.endInRedis(ctx, "c1", "bob", "n1") // refused: READONLY
+	if _, err := r.Do("REPLICAOF", "NO", "ONE"); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		_ = s.Sweep(ctx) // as the server's sweeper does: it ends the grace
+		ps, err := s.Presence(ctx, []string{"bob"})
+		if err != nil {
+			return err
+		}
+		if ps[0].State != presence.Offline {
+			return fmt.Errorf("bob is %v: the refused end was not tried again", ps[0].State)
+		}
+		return nil
+	})
+}

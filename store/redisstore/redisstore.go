@@ -472,8 +472,14 @@ func (s *Store) disconnectCall(id, user, node string, cause presence.Cause, know
 func (s *Store) endInRedis(ctx context.Context, id, user, node string) {
 	c := s.disconnectCall(id, user, node, presence.Closed, true)
 	v, err := run(ctx, s.rdb, s.sc.disconnect, c.keys, c.args...)
-	if err == nil {
+	switch {
+	case err == nil:
+		s.sweepAtGraceEnd(shardOf(user))
 		_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
+	case !isRedisReply(err):
+		// Not ended: left to its deadline, the connection would keep its
+		// user online up to a ttl.
+		s.endLater(pendingEnd{id: id, user: user, node: node, cause: presence.Closed, known: true})
 	}
 }
 
@@ -740,6 +746,7 @@ func (s *Store) retryEnds(ctx context.Context) {
 		v, err := run(ctx, s.rdb, s.sc.disconnect, c.keys, c.args...)
 		switch {
 		case err == nil:
+			s.sweepAtGraceEnd(shardOf(e.user))
 			_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
 		case isRedisReply(err): // unknown: nothing left to end
 		case e.tries < 20:
