@@ -400,25 +400,11 @@ func TestSlowReaderIsDisconnectedWithoutHoldingOthers(t *testing.T) {
 
 // gauge reads one unlabelled metric straight from the registry.
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name || len(mf.GetMetric()) == 0 {
-			continue
-		}
-		m := mf.GetMetric()[0]
-		if m.GetCounter() != nil {
-			return m.GetCounter().GetValue()
-		}
-		return m.GetGauge().GetValue()
-	}
-	return -1
+	return labelled(t, reg, name, "", "")
 }
 
-// labelled reads the counter name's series whose label is value.
+// labelled reads the metric name's series whose label is value (the first
+// series when label is empty), straight from the registry.
 func labelled(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -430,11 +416,17 @@ func labelled(t *testing.T, reg *prometheus.Registry, name, label, value string)
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			match := label == ""
 			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
+				match = match || (l.GetName() == label && l.GetValue() == value)
 			}
+			if !match {
+				continue
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
 		}
 	}
 	return -1
