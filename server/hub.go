@@ -21,6 +21,10 @@ type localUser struct {
 	// flight: membership catch-ups queued and not run yet (catchup.go);
 	// nil when none. Guarded by the hub's mu.
 	flight *catchUps
+	// early: teams indexed before their join event came (ensureIndexed),
+	// whose members the user was not given yet: that event's catch-up
+	// gives them. nil when none.
+	early map[string]struct{}
 }
 
 // hub indexes this node's connections by user and team and routes store
@@ -150,6 +154,7 @@ func (h *hub) joinLocked(lu *localUser, team string, large bool) bool {
 // leaveLocked unindexes lu from team; it reports whether team is gone here.
 func (h *hub) leaveLocked(lu *localUser, team string) bool {
 	delete(lu.teams, team)
+	delete(lu.early, team)
 	if set := h.byTeam[team]; set != nil {
 		delete(set, lu)
 		if len(set) == 0 {
@@ -185,7 +190,7 @@ func (h *hub) unwatchLater(teams []string) {
 
 // joinWatched indexes a local user under a team they joined, once the team
 // is watched, if they are still connected here and still a member.
-func (h *hub) joinWatched(ctx context.Context, lu *localUser, team string) {
+func (h *hub) joinWatched(ctx context.Context, lu *localUser, team string, early bool) {
 	large, err := h.classify(ctx, []string{team})
 	if err != nil {
 		h.srv.log.Warn("watch team", "err", err)
@@ -212,6 +217,12 @@ func (h *hub) joinWatched(ctx context.Context, lu *localUser, team string) {
 		ok := h.users[lu.id] == lu && lu.teams != nil && !member && slices.Contains(teams, team)
 		if ok {
 			h.joinLocked(lu, team, large[team])
+			if early {
+				if lu.early == nil {
+					lu.early = make(map[string]struct{})
+				}
+				lu.early[team] = struct{}{}
+			}
 			if h.large[team] {
 				h.countConnsLocked(lu)
 			}
@@ -346,6 +357,6 @@ func (h *hub) ensureIndexed(ctx context.Context, user, team string) {
 	}
 	h.mu.RUnlock()
 	if lu != nil && !indexed {
-		h.joinWatched(ctx, lu, team)
+		h.joinWatched(ctx, lu, team, true)
 	}
 }

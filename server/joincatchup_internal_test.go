@@ -556,3 +556,44 @@ func TestJoinEventSkipsAViewerWhoseSnapshotHoldsTheJoiner(t *testing.T) {
 		})
 	}
 }
+
+// Chaos seed 4120 (one Redis): after a FLUSHALL the memberships were
+// written back, and Redis published each as a join. alice, in t here since
+// her snapshot showed bob, must not be sent bob again by that join.
+func TestJoinOfATeamTheJoinerIsInAlreadySendsNothing(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t", "alice"}, {"t", "bob"}})
+		online(t, st, "bob")
+		w := &wire{c: local("alice")}
+		h.OnMembership(store.MembershipEvent{Team: "t", UserID: "alice", Joined: true, UserTeams: store.TeamList{"t"}})
+		runJobs(ctx, h, w)
+		if got := w.String(); got != "[]" {
+			t.Fatalf("alice was sent %s, want nothing: her snapshot showed bob", got)
+		}
+	})
+}
+
+// The other side: a Pusher subscription indexes alice under t before its
+// join event comes (ensureIndexed). Her native connection was not given
+// t's members: the event must still send her bob, once.
+func TestJoinIndexedBeforeItsEventStillCatchesUp(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t", "bob"}})
+		v := online(t, st, "bob")
+		w := &wire{c: local("alice")}
+		if err := st.AddMember(ctx, "t", "alice"); err != nil {
+			t.Fatal(err)
+		}
+		h.ensureIndexed(ctx, "alice", "t")
+		h.OnMembership(store.MembershipEvent{Team: "t", UserID: "alice", Joined: true, UserTeams: store.TeamList{"t"}})
+		runJobs(ctx, h, w)
+		// A second join of t (written back after a FLUSHALL) is no news.
+		h.OnMembership(store.MembershipEvent{Team: "t", UserID: "alice", Joined: true, UserTeams: store.TeamList{"t"}})
+		runJobs(ctx, h, w)
+		if got, want := w.String(), fmt.Sprintf("[bob=online@%d]", v); got != want {
+			t.Fatalf("alice was sent %s, want bob online once", got)
+		}
+	})
+}

@@ -163,15 +163,24 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		}
 		return false
 	}
-	left := false // the subject was indexed under the team it left
+	left := false  // the subject was indexed under the team it left
+	again := false // the subject was given the team's members already
 	if subject != nil && subject.teams != nil {
 		subject.gen++
 		_, member := subject.teams[ev.Team]
+		_, early := subject.early[ev.Team]
+		delete(subject.early, ev.Team)
 		switch {
+		case ev.Joined && member && !early:
+			// A join of a team the subject was in already here (memberships
+			// written back after a FLUSHALL: each is a join to Redis): their
+			// snapshot or an earlier catch-up showed its members, so a
+			// catch-up would send them again (chaos seed 4120: resent).
+			again = true
 		case ev.Joined && !member:
 			// Indexed only once watched (on the worker): a change routed
 			// through a team not yet subscribed could be missed.
-			h.work.enqueue(func(ctx context.Context) { h.joinWatched(ctx, subject, ev.Team) })
+			h.work.enqueue(func(ctx context.Context) { h.joinWatched(ctx, subject, ev.Team, false) })
 		case !ev.Joined && member:
 			if h.views != nil {
 				leftViews = h.views.versions(ev.Team)
@@ -183,7 +192,8 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	} else if subject != nil {
 		subject.gen++ // a load is under way; it will read again
 	}
-	if subject != nil && !large {
+	catchUp := subject != nil && !large && !again
+	if catchUp {
 		subject.catchUpLocked(ev.Team, ev.Joined, left)
 	}
 	// The state the event carries was read when the membership changed; a
@@ -247,13 +257,16 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		n.lu.flight.note(ev.UserID, n.v)
 	}
 	h.mu.Unlock()
-	if subject != nil && !large {
+	if catchUp {
 		// The subject's own connections need the other side: store queries,
 		// so done off the event path.
 		h.work.enqueue(func(ctx context.Context) {
 			h.reconcileSubject(ctx, ev, subject, leftViews)
 			h.mu.Lock()
 			subject.caughtUpLocked(ev.Team, ev.Joined, left)
+			if ev.Joined {
+				delete(subject.early, ev.Team) // given them now
+			}
 			h.mu.Unlock()
 		})
 	}

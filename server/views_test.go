@@ -181,7 +181,7 @@ func TestCopiesReachViewerOnceAcrossAJoin(t *testing.T) {
 				if err := mem.AddMember(ctx, "a0", "alice"); err != nil {
 					t.Fatal(err)
 				}
-				h.joinWatched(ctx, lu, "a0")
+				h.joinWatched(ctx, lu, "a0", false)
 			} else {
 				if err := mem.RemoveMember(ctx, "a0", "alice"); err != nil {
 					t.Fatal(err)
