@@ -299,6 +299,9 @@ type plannedFault struct {
 func (w *world) planFaults() []plannedFault {
 	kinds := []string{"kill -9", "kill -9", "drain", "redis restart", "redis restart empty", "flushall",
 		"partition short", "partition long", "latency"}
+	if _, ok := w.topo.(*chaosCluster); ok {
+		kinds = append(kinds, "failover") // one Redis has no replica to take over
+	}
 	// GREENDOT_CHAOS_SKIP leaves fault kinds out (comma-separated): CI
 	// leaves out those that still break a guarantee (docs/reliability.md).
 	if skip := os.Getenv("GREENDOT_CHAOS_SKIP"); skip != "" {
@@ -397,31 +400,73 @@ func (rd *chaosRedis) prepare(w *world, kind string, r *rand.Rand) func() {
 }
 
 func (c *chaosCluster) prepare(w *world, kind string, r *rand.Rand) func() {
-	i := r.IntN(len(c.masters))
-	m, p := c.masters[i], c.proxies[i]
-	label := fmt.Sprintf("master %d", i)
+	i := r.IntN(len(c.shards))
+	label := fmt.Sprintf("shard %d's master", i)
 	switch kind {
 	case "redis restart", "redis restart empty":
 		down := jit(r, 500*time.Millisecond, 4*time.Second)
 		empty := kind == "redis restart empty"
 		return func() {
+			m, _ := c.master(i)
 			f := w.openFault(kind, "", true, fmt.Sprintf("%s down %v", label, down.Round(10*time.Millisecond)))
-			defer w.closeFault(f)
-			if err := restartRedis(w.t, m, down, empty); err != nil {
+			// Down longer than the node timeout (2 s), the master is
+			// replaced by its replica, and comes back as the heir's replica.
+			if err := restartRedis(w.t, c.all[m], down, empty); err != nil {
 				w.note("%s: %v", kind, err)
 			}
-			if err := c.waitOK(20 * time.Second); err != nil {
+			if err := c.waitServing(20 * time.Second); err != nil {
 				w.note("%s: %v", kind, err)
 			}
 			if empty {
 				w.restoreMembership()
 			}
+			w.closeFault(f)
+			c.replicasSynced(w, kind)
+		}
+	case "failover":
+		// Planned (CLUSTER FAILOVER: the master hands over once its
+		// replica has every write) or not (the master killed: the cluster
+		// elects the replica after the node timeout, and writes not yet
+		// replicated are lost; the old master comes back as a replica).
+		planned := r.IntN(2) == 0
+		down := jit(r, 0, 3*time.Second)
+		return func() {
+			m, heir := c.master(i)
+			detail := fmt.Sprintf("shard %d planned", i)
+			if !planned {
+				detail = fmt.Sprintf("shard %d, master killed, back after %v", i, down.Round(10*time.Millisecond))
+			}
+			f := w.openFault(kind, "", true, detail)
+			if planned {
+				if _, err := c.all[heir].Do("CLUSTER", "FAILOVER"); err != nil {
+					w.closeFault(f)
+					w.note("CLUSTER FAILOVER: %v", err)
+					return
+				}
+			} else {
+				c.all[m].Stop()
+			}
+			for deadline := time.Now().Add(20 * time.Second); role(c.all[heir]) != "master"; time.Sleep(50 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					w.note("failover: %s no master within 20 s", c.all[heir].Addr())
+					break
+				}
+			}
+			if !planned {
+				time.Sleep(down)
+				c.all[m].Restart()
+			}
+			if err := c.waitServing(20 * time.Second); err != nil {
+				w.note("failover: %v", err)
+			}
+			w.closeFault(f)
+			c.replicasSynced(w, kind)
 		}
 	case "flushall":
 		return func() {
 			f := w.openFault(kind, "", true, "every master")
 			defer w.closeFault(f)
-			for _, s := range c.masters {
+			for _, s := range c.masters() {
 				if _, err := s.Do("FLUSHALL"); err != nil {
 					w.note("FLUSHALL: %v", err)
 				}
@@ -434,6 +479,8 @@ func (c *chaosCluster) prepare(w *world, kind string, r *rand.Rand) func() {
 			d = jit(r, 4500*time.Millisecond, 7*time.Second)
 		}
 		return func() {
+			m, _ := c.master(i)
+			p := c.proxies[m]
 			f := w.openFault("partition "+d.Round(10*time.Millisecond).String(), "", true, label+" from every node")
 			p.Partition()
 			time.Sleep(d)
@@ -444,6 +491,8 @@ func (c *chaosCluster) prepare(w *world, kind string, r *rand.Rand) func() {
 		lat := jit(r, 50*time.Millisecond, 300*time.Millisecond)
 		d := jit(r, 2*time.Second, 5*time.Second)
 		return func() {
+			m, _ := c.master(i)
+			p := c.proxies[m]
 			f := w.openFault("latency "+lat.Round(time.Millisecond).String(), "", true, fmt.Sprintf("%s for %v", label, d.Round(10*time.Millisecond)))
 			p.SetLatency(lat)
 			time.Sleep(d)
@@ -452,6 +501,15 @@ func (c *chaosCluster) prepare(w *world, kind string, r *rand.Rand) func() {
 		}
 	}
 	panic("unknown fault " + kind)
+}
+
+// replicasSynced waits, outside the fault's window, until every replica
+// follows its master again: the next fault may be a failover, which a
+// replica still syncing cannot take.
+func (c *chaosCluster) replicasSynced(w *world, kind string) {
+	if err := c.waitOK(30 * time.Second); err != nil {
+		w.note("%s: %v", kind, err)
+	}
 }
 
 // clientAction does one thing a user or an operator does.

@@ -107,6 +107,9 @@ func (s *Server) Stop() {
 	s.cmd = nil
 }
 
+// Running reports whether the server was started and not stopped since.
+func (s *Server) Running() bool { return s.cmd != nil }
+
 // Restart starts the server again on the same port and directory.
 func (s *Server) Restart() {
 	s.t.Helper()
