@@ -316,6 +316,7 @@ func (h *hub) noteSnapshot(c *client, members map[string][]string, ps []presence
 			}
 		}
 		h.views.readAll(team, read, c, crowded)
+		h.views.lacking(team, byUser, c, user)
 	}
 	c.noted.Store(true)
 }

@@ -597,3 +597,34 @@ func TestJoinIndexedBeforeItsEventStillCatchesUp(t *testing.T) {
 		}
 	})
 }
+
+// A connection whose snapshot lacks a teammate the team's view holds (Redis
+// lost bob's membership of t, and alice's second device connected before it
+// was written back) must be sent bob when his membership is back: the view
+// says t's members hold him, but this one does not.
+func TestSnapshotLackingATeammateTheViewHoldsGetsThemOnTheirJoin(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t", "alice"}, {"t", "bob"}})
+		v := online(t, st, "bob")
+		w1 := &wire{c: local("alice")}
+		if err := st.RemoveMember(ctx, "t", "bob"); err != nil { // lost: no event
+			t.Fatal(err)
+		}
+		w2 := &wire{c: local("alice")}
+		if err := st.AddMember(ctx, "t", "bob"); err != nil {
+			t.Fatal(err)
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t", UserID: "bob", Joined: true, UserTeams: store.TeamList{"t"},
+			State: presence.Online, Version: v})
+		runJobs(ctx, h, w1, w2)
+		w1.write()
+		w2.write()
+		if got := w1.String(); got != "[]" {
+			t.Errorf("alice's first device was sent %s, want nothing: its snapshot showed bob", got)
+		}
+		if got, want := w2.String(), fmt.Sprintf("[bob=online@%d]", v); got != want {
+			t.Errorf("alice's second device was sent %s, want bob online", got)
+		}
+	})
+}

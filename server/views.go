@@ -258,6 +258,31 @@ func readLocked(m map[string]view, p presence.Presence, reader *client, others b
 	m[p.UserID] = cur
 }
 
+// lacking records that reader holds nothing of the subjects team's view
+// holds but its snapshot (given, by user; self aside) left out: Redis lost
+// a membership the view still has, and the reader connected before it was
+// written back. The view would otherwise take the join that writes it back
+// for no news to the reader.
+func (v *views) lacking(team string, given map[string]presence.Presence, reader *client, self string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for subject, cur := range v.byTeam[team] {
+		if _, ok := given[subject]; ok || subject == self {
+			continue
+		}
+		if cur.look.State == presence.Offline && cur.odd == nil {
+			continue // nothing is what an offline looks like
+		}
+		o := cur.odd
+		if o == nil {
+			o = &odds{base: held{version: cur.version, look: cur.look}}
+		}
+		o.hold(reader, held{})
+		cur.odd = o
+		v.byTeam[team][subject] = cur
+	}
+}
+
 // adopt records that a member of team holds of subject what the members of
 // team from hold (a join's catch-up leaves out whom the joiner sees through
 // another team). others: as for read.
