@@ -57,9 +57,12 @@ func dialWS(t *testing.T, n *node, user, device string) *wsUser {
 			case <-ctx.Done():
 				return
 			case <-tick.C:
-				wctx, wcancel := context.WithTimeout(ctx, time.Second)
-				_ = conn.Write(wctx, websocket.MessageText, []byte(`{"type":"heartbeat"}`))
-				wcancel()
+				// The socket's lifetime, not a deadline per write: the
+				// library closes the connection when a write's context ends
+				// mid-write, and on a loaded machine a heartbeat that waited
+				// for the write lock past a 1 s deadline dropped a live
+				// device, which its viewers then saw go offline.
+				_ = conn.Write(ctx, websocket.MessageText, []byte(`{"type":"heartbeat"}`))
 			}
 		}
 	}()
