@@ -628,3 +628,68 @@ func TestSnapshotLackingATeammateTheViewHoldsGetsThemOnTheirJoin(t *testing.T) {
 		}
 	})
 }
+
+// Chaos seed 466426994 (one Redis): u03 joins t0 while u09, in t0, joins
+// t2, which u03 is in and another member here (u08) sees u03 through. u09's
+// catch-up of t2 reads u03 in t0 before u03's join of t0 is routed here:
+// t0's members were not shown u03 yet, so t0 cannot be the team that showed
+// them. Then the join of t0 finds u09 in t2, whose view holds u03 (u08's),
+// and skips u09 too. u09 must be sent u03 once, by one or the other.
+func TestJoinCatchUpAheadOfATeammatesJoinOfAnotherTeam(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t0", "u09"}, {"t2", "u03"}, {"t2", "u08"}})
+		v := online(t, st, "u03")
+		w := &wire{c: local("u09")}
+		other := &wire{c: local("u08")}
+		for _, m := range [][2]string{{"t0", "u03"}, {"t2", "u09"}} {
+			if err := st.AddMember(ctx, m[0], m[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"t0", "t2"}})
+		runJobs(ctx, h, w, other)
+		h.OnMembership(store.MembershipEvent{Team: "t0", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t0", "t2"},
+			State: presence.Online, Version: v})
+		runJobs(ctx, h, w, other)
+		w.write()
+		other.write()
+		if got, want := w.String(), fmt.Sprintf("[u03=online@%d]", v); got != want {
+			t.Errorf("u09 was sent %s, want u03 online once", got)
+		}
+		if got := other.String(); got != "[]" {
+			t.Errorf("u08 was sent %s, want nothing: its snapshot showed u03", got)
+		}
+	})
+}
+
+// The same, with u03 shown to u09 through t1 already: the catch-up must
+// take t1, not t0, for the team that showed u03, and send nothing.
+func TestJoinCatchUpTakesTheTeamThatShowedATeammate(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		// Many teams like t0, none routed, sorted before t1: a pick of the first
+		// would land on one of them.
+		members := [][2]string{{"t1", "u09"}, {"t1", "u03"}, {"t2", "u03"}, {"t2", "u08"}}
+		for i := range 8 {
+			members = append(members, [2]string{fmt.Sprintf("a%d", i), "u09"})
+		}
+		h, st, _, local := catchUpHub(t, kind, members)
+		online(t, st, "u03")
+		w := &wire{c: local("u09")}
+		for i := range 8 {
+			if err := st.AddMember(ctx, fmt.Sprintf("a%d", i), "u03"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := st.AddMember(ctx, "t2", "u09"); err != nil {
+			t.Fatal(err)
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"t1", "t2"}})
+		runJobs(ctx, h, w)
+		w.write()
+		if got := w.String(); got != "[]" {
+			t.Errorf("u09 was sent %s, want nothing: its snapshot showed u03", got)
+		}
+	})
+}

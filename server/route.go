@@ -356,12 +356,28 @@ func (st *subjectTeams) read(ctx context.Context, v store.TeamsView, ask []strin
 }
 
 // seenThrough maps each member (but self) who shares one of others with
-// self to one such team. Read whichever way costs less: the members of
-// others, or, for a user in more teams than the team has members (a user in
-// 20,000 teams), the teams of each member, in one batched read.
+// self to one such team, one that showed them here if any did (its view
+// holds them; see reconcileSubject). Read whichever way costs less: the
+// members of others, or, for a user in more teams than the team has members
+// (a user in 20,000 teams), the teams of each member, in one batched read.
 func (h *hub) seenThrough(ctx context.Context, members []string, others map[string]struct{}, self string) (map[string]string, error) {
 	s := h.srv
 	out := make(map[string]string)
+	shown := func(t, m string) bool {
+		if h.views == nil {
+			return true
+		}
+		_, ok := h.views.get(t, m)
+		return ok
+	}
+	pick := func(m, t string) {
+		if m == self {
+			return
+		}
+		if via, ok := out[m]; !ok || (!shown(via, m) && shown(t, m)) {
+			out[m] = t
+		}
+	}
 	if b, ok := s.store.(store.TeamsBatcher); ok && len(others) > len(members) {
 		var teams [][]string
 		err := s.timed(store.OpQuery, func() error {
@@ -374,9 +390,8 @@ func (h *hub) seenThrough(ctx context.Context, members []string, others map[stri
 		}
 		for i, m := range members {
 			for _, t := range teams[i] {
-				if _, shared := others[t]; shared && m != self {
-					out[m] = t
-					break
+				if _, shared := others[t]; shared {
+					pick(m, t)
 				}
 			}
 		}
@@ -392,9 +407,7 @@ func (h *hub) seenThrough(ctx context.Context, members []string, others map[stri
 	}
 	for t, ms := range byTeam {
 		for _, m := range ms {
-			if _, dup := out[m]; !dup && m != self {
-				out[m] = t
-			}
+			pick(m, t)
 		}
 	}
 	return out, nil
@@ -427,6 +440,19 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 	if err != nil {
 		s.log.Warn("membership reconcile", "err", err)
 		return
+	}
+	if h.views != nil {
+		for m, via := range already {
+			// The store has m in via, but m's join of via has not been
+			// routed here: via's members were not shown m, so via is not
+			// the team that showed them, and that join will take the new
+			// team, whose view holds m, for the one (chaos seed 466426994:
+			// lost). A join routed from here on finds the catch-up in
+			// flight, and what it sends the joiner is not sent again.
+			if _, shown := h.views.get(via, m); !shown {
+				delete(already, m)
+			}
+		}
 	}
 	var fresh []string
 	for _, m := range members {
