@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"iter"
+	"slices"
 	"time"
 
 	"github.com/greendot/greendot/presence"
@@ -356,25 +357,21 @@ func (st *subjectTeams) read(ctx context.Context, v store.TeamsView, ask []strin
 }
 
 // seenThrough maps each member (but self) who shares one of others with
-// self to one such team, one that showed them here if any did (its view
-// holds them; see reconcileSubject). Read whichever way costs less: the
+// self to one such team: if shown is set, one that shown says showed them
+// if any did (see reconcileSubject). Read whichever way costs less: the
 // members of others, or, for a user in more teams than the team has members
 // (a user in 20,000 teams), the teams of each member, in one batched read.
-func (h *hub) seenThrough(ctx context.Context, members []string, others map[string]struct{}, self string) (map[string]string, error) {
+func (h *hub) seenThrough(ctx context.Context, members []string, others map[string]struct{}, self string, shown func(team, member string) bool) (map[string]string, error) {
 	s := h.srv
 	out := make(map[string]string)
-	shown := func(t, m string) bool {
-		if h.views == nil {
-			return true
-		}
-		_, ok := h.views.get(t, m)
-		return ok
-	}
+	settled := make(map[string]bool) // out's team showed them: no need to ask again
 	pick := func(m, t string) {
-		if m == self {
+		if m == self || settled[m] {
 			return
 		}
-		if via, ok := out[m]; !ok || (!shown(via, m) && shown(t, m)) {
+		if shown == nil || shown(t, m) {
+			out[m], settled[m] = t, true
+		} else if _, ok := out[m]; !ok {
 			out[m] = t
 		}
 	}
@@ -391,7 +388,9 @@ func (h *hub) seenThrough(ctx context.Context, members []string, others map[stri
 		for i, m := range members {
 			for _, t := range teams[i] {
 				if _, shared := others[t]; shared {
-					pick(m, t)
+					if pick(m, t); settled[m] {
+						break
+					}
 				}
 			}
 		}
@@ -424,8 +423,16 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 	// snapshot read after the event: nothing to catch up.
 	gone := h.users[ev.UserID] != subject
 	var others map[string]struct{}
+	var conns []*client
+	leaving := make(map[string]bool)
 	if !large && !gone {
 		others = h.toldLocked(subject, ev.Team)
+		conns = slices.Clone(subject.conns)
+		if f := subject.flight; f != nil {
+			for t := range f.leaving {
+				leaving[t] = true
+			}
+		}
 	}
 	h.mu.RUnlock()
 	if large || gone {
@@ -436,21 +443,44 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 		s.log.Warn("membership reconcile", "err", err)
 		return
 	}
-	already, err := h.seenThrough(ctx, members, others, ev.UserID)
+	// A team the joiner is leaving showed its members until the leave (its
+	// view may be gone with it); any other, only to the connections its
+	// view does not say lack them.
+	lackers := func(via, m string) (all bool, some []*client) {
+		if leaving[via] {
+			return false, nil
+		}
+		return h.views.lackers(via, m, conns)
+	}
+	var shown func(via, m string) bool
+	if ev.Joined && h.views != nil {
+		shown = func(via, m string) bool {
+			all, some := lackers(via, m)
+			return !all && len(some) == 0
+		}
+	}
+	already, err := h.seenThrough(ctx, members, others, ev.UserID, shown)
 	if err != nil {
 		s.log.Warn("membership reconcile", "err", err)
 		return
 	}
-	if h.views != nil {
+	// moved: members the store has in a team that showed the joiner
+	// others, which did not show them to some connections of the joiner:
+	// sent here, to those (nil: all). Either m's join of via has not been
+	// routed here yet, and would take the new team, whose view holds m,
+	// for the one that showed them (chaos seed 466426994: lost); or a
+	// connection's snapshot lacked m (a data loss, views.lacking). A join
+	// routed from here on finds the catch-up in flight, and what it sends
+	// the joiner is not sent again.
+	var moved map[string][]*client
+	if shown != nil {
 		for m, via := range already {
-			// The store has m in via, but m's join of via has not been
-			// routed here: via's members were not shown m, so via is not
-			// the team that showed them, and that join will take the new
-			// team, whose view holds m, for the one (chaos seed 466426994:
-			// lost). A join routed from here on finds the catch-up in
-			// flight, and what it sends the joiner is not sent again.
-			if _, shown := h.views.get(via, m); !shown {
+			if all, some := lackers(via, m); all || len(some) > 0 {
 				delete(already, m)
+				if moved == nil {
+					moved = make(map[string][]*client)
+				}
+				moved[m] = some
 			}
 		}
 	}
@@ -477,7 +507,8 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 	if lu != subject {
 		return
 	}
-	if _, indexed := lu.teams[ev.Team]; indexed && ev.Joined && h.views != nil {
+	_, indexed := lu.teams[ev.Team]
+	if indexed && ev.Joined && h.views != nil {
 		crowded := len(h.byTeam[ev.Team]) > 1
 		// Those left out are seen through another team: the joiner holds
 		// what that team's members do, which the team's view must say
@@ -524,6 +555,12 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 			continue
 		}
 		for _, p := range ps {
+			if to, ok := moved[p.UserID]; ok && (!indexed || (to != nil && !slices.Contains(to, c))) {
+				// Not indexed under the team (its watch failed, or the
+				// joiner left it since): m's join of via reaches the
+				// joiner, who shares no other team with m.
+				continue
+			}
 			if stale, was := c.unhide(p.UserID); stale || p.State != presence.Offline {
 				if ch, ok := c.pushCatchUp(p, was, now); ok {
 					sent = append(sent, ch)

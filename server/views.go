@@ -312,6 +312,36 @@ func (v *views) adopt(team, from, subject string, others bool) {
 	m[subject] = cur
 }
 
+// lackers is which of conns (a user's connections, members of team) team's
+// view says hold nothing of subject: all of them when it has no entry (its
+// members were not shown subject), else the noted ones its odds name as
+// holding nothing (a snapshot that lacked subject). Unknown odds name
+// nobody: what each holds is not known, and most hold the view's state.
+func (v *views) lackers(team, subject string, conns []*client) (all bool, some []*client) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	cur, ok := v.byTeam[team][subject]
+	switch {
+	case !ok:
+		return true, nil
+	case cur.odd == nil || cur.odd.all || cur.look.State == presence.Offline:
+		return false, nil // nothing is what an offline looks like
+	}
+	for _, c := range conns {
+		if !c.noted.Load() {
+			continue // its snapshot is not sent yet: no news to it
+		}
+		h, ok := cur.odd.except[c]
+		if !ok {
+			h = cur.odd.base
+		}
+		if h == (held{}) {
+			some = append(some, c)
+		}
+	}
+	return false, some
+}
+
 // get is what team's members hold of subject, if anything is known.
 func (v *views) get(team, subject string) (view, bool) {
 	v.mu.Lock()
