@@ -1,0 +1,182 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+)
+
+// Finding 11 of docs/reliability.md: a joiner's catch-up running ahead of
+// a teammate's join of another team the joiner is in (catchUpHub and its
+// helpers: joincatchup_internal_test.go).
+
+// Chaos seed 466426994 (one Redis): u03 joins t0 while u09, in t0, joins
+// t2, which u03 is in and another member here (u08) sees u03 through. u09's
+// catch-up of t2 reads u03 in t0 before u03's join of t0 is routed here:
+// t0's members were not shown u03 yet, so t0 cannot be the team that showed
+// them. Then the join of t0 finds u09 in t2, whose view holds u03 (u08's),
+// and skips u09 too. u09 must be sent u03 once, by one or the other.
+func TestJoinCatchUpAheadOfATeammatesJoinOfAnotherTeam(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t0", "u09"}, {"t2", "u03"}, {"t2", "u08"}})
+		v := online(t, st, "u03")
+		w := &wire{c: local("u09")}
+		local("u08")
+		for _, m := range [][2]string{{"t0", "u03"}, {"t2", "u09"}} {
+			if err := st.AddMember(ctx, m[0], m[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"t0", "t2"}})
+		runJobs(ctx, h, w)
+		h.OnMembership(store.MembershipEvent{Team: "t0", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t0", "t2"},
+			State: presence.Online, Version: v})
+		runJobs(ctx, h, w)
+		w.write()
+		if got, want := w.String(), fmt.Sprintf("[u03=online@%d]", v); got != want {
+			t.Errorf("u09 was sent %s, want u03 online once", got)
+		}
+	})
+}
+
+// The same, with t0's view holding u03 already, read by the snapshot of
+// another member of t0 (u07) that connected after u03's join was written:
+// that view shows u03 to u07 only, not to u09.
+func TestJoinCatchUpAheadOfATeammatesJoinReadByAnotherSnapshot(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t0", "u09"}, {"t0", "u07"}, {"t2", "u03"}, {"t2", "u08"}})
+		v := online(t, st, "u03")
+		w := &wire{c: local("u09")}
+		local("u08")
+		if err := st.AddMember(ctx, "t0", "u03"); err != nil {
+			t.Fatal(err)
+		}
+		w7 := &wire{c: local("u07")} // its snapshot shows u03
+		if err := st.AddMember(ctx, "t2", "u09"); err != nil {
+			t.Fatal(err)
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"t0", "t2"}})
+		runJobs(ctx, h, w, w7)
+		h.OnMembership(store.MembershipEvent{Team: "t0", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t0", "t2"},
+			State: presence.Online, Version: v})
+		runJobs(ctx, h, w, w7)
+		w.write()
+		w7.write()
+		if got, want := w.String(), fmt.Sprintf("[u03=online@%d]", v); got != want {
+			t.Errorf("u09 was sent %s, want u03 online once", got)
+		}
+		if got := w7.String(); got != "[]" {
+			t.Errorf("u07 was sent %s, want nothing: its snapshot showed u03", got)
+		}
+	})
+}
+
+// The same, with one of u09's two devices connected while Redis had lost
+// u03's membership of t0 (its snapshot lacked u03), and the membership
+// written back before u09 joins t2: that device alone is sent u03.
+func TestJoinCatchUpReachesTheDeviceWhoseSnapshotLackedATeammate(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t0", "u09"}, {"t0", "u03"}, {"t2", "u03"}, {"t2", "u08"}})
+		v := online(t, st, "u03")
+		w1 := &wire{c: local("u09")} // shows u03
+		local("u08")
+		if err := st.RemoveMember(ctx, "t0", "u03"); err != nil { // lost: no event
+			t.Fatal(err)
+		}
+		w2 := &wire{c: local("u09")} // lacks u03
+		for _, m := range [][2]string{{"t0", "u03"}, {"t2", "u09"}} {
+			if err := st.AddMember(ctx, m[0], m[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"t0", "t2"}})
+		runJobs(ctx, h, w1, w2)
+		h.OnMembership(store.MembershipEvent{Team: "t0", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t0", "t2"},
+			State: presence.Online, Version: v})
+		runJobs(ctx, h, w1, w2)
+		w1.write()
+		w2.write()
+		if got := w1.String(); got != "[]" {
+			t.Errorf("u09's first device was sent %s, want nothing: its snapshot showed u03", got)
+		}
+		if got, want := w2.String(), fmt.Sprintf("[u03=online@%d]", v); got != want {
+			t.Errorf("u09's second device was sent %s, want u03 online once", got)
+		}
+	})
+}
+
+// u09 joins t2 and leaves l, which showed it u03 and which it was the only
+// member of here, before its catch-up of t2 runs: l's view is gone with the
+// leave, but l showed u03 until then. Nothing is sent again.
+func TestJoinCatchUpCountsATeamBeingLeft(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"l", "u09"}, {"l", "u03"}, {"t2", "u03"}, {"t2", "u08"}})
+		online(t, st, "u03")
+		w := &wire{c: local("u09")}
+		local("u08")
+		if err := st.AddMember(ctx, "t2", "u09"); err != nil {
+			t.Fatal(err)
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"l", "t2"}})
+		runFirstJob(ctx, h) // indexes u09 under t2; the catch-up waits
+		if err := st.RemoveMember(ctx, "l", "u09"); err != nil {
+			t.Fatal(err)
+		}
+		h.OnMembership(store.MembershipEvent{Team: "l", UserID: "u09", UserTeams: store.TeamList{"t2"}})
+		runJobs(ctx, h, w)
+		if got := w.String(); got != "[]" {
+			t.Errorf("u09 was sent %s, want nothing: l showed it u03", got)
+		}
+	})
+}
+
+// u09 joins t2, whose watch fails (u09 is not indexed under it), while
+// u03's join of t0, which u09 is in, is written and not routed here yet:
+// that join, not the catch-up of a team u09 gets nothing through, sends
+// u09 u03, once.
+func TestJoinCatchUpOfATeamNotIndexedLeavesATeammateToTheirJoin(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t0", "u09"}, {"t2", "u03"}, {"t2", "u08"}})
+		v := online(t, st, "u03")
+		w := &wire{c: local("u09")}
+		local("u08")
+		for _, m := range [][2]string{{"t0", "u03"}, {"t2", "u09"}} {
+			if err := st.AddMember(ctx, m[0], m[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"t0", "t2"}})
+		h.work.mu.Lock()
+		h.work.jobs = h.work.jobs[1:] // the watch of t2 fails: joinWatched indexes nothing
+		h.work.mu.Unlock()
+		runJobs(ctx, h, w)
+		h.OnMembership(store.MembershipEvent{Team: "t0", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t0", "t2"},
+			State: presence.Online, Version: v})
+		runJobs(ctx, h, w)
+		w.write()
+		if got, want := w.String(), fmt.Sprintf("[u03=online@%d]", v); got != want {
+			t.Errorf("u09 was sent %s, want u03 online once", got)
+		}
+	})
+}
+
+// runFirstJob runs the worker's first queued job only.
+func runFirstJob(ctx context.Context, h *hub) {
+	h.work.mu.Lock()
+	if len(h.work.jobs) == 0 {
+		h.work.mu.Unlock()
+		return
+	}
+	job := h.work.jobs[0]
+	h.work.jobs = h.work.jobs[1:]
+	h.work.mu.Unlock()
+	job(ctx)
+}
