@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -269,6 +270,12 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	if len(replies) > 0 {
 		s.beaten.Store(true)
 	}
+	// This process's first beat found its id live: an earlier process under
+	// it was killed less than a node ttl ago, and the sweeps will not find
+	// it dead. What it wrote and did not publish is told by a resync.
+	if !beaten && !leaving && slices.ContainsFunc(replies, func(v any) bool { return toInt(v) == 0 }) {
+		s.tellNodeDead(ctx)
+	}
 	// This node vanished from a shard although it beat before: Redis lost
 	// its data, or the node stalled and was taken for dead. Recover now.
 	if missing && beaten && !leaving {
@@ -483,7 +490,7 @@ func (s *Store) reconcileCall(sh int, since time.Time, live ...any) call {
 // reads afterwards is at or below it and every later change above it. If a
 // shard cannot be reached, the resync is asked for again.
 func (s *Store) resync() {
-	r, ok := s.handler.(store.Resyncer)
+	r, ok := s.handlerOf().(store.Resyncer)
 	if !ok {
 		return
 	}

@@ -449,8 +449,12 @@ func waitAll(ctx context.Context, wait []<-chan struct{}) error {
 }
 
 func (sb *subscriber) dispatch(msg *redis.Message) {
-	h := sb.s.handler
+	h := sb.s.handlerOf()
 	if h == nil {
+		return
+	}
+	if msg.Channel == membershipChannel && msg.Payload == deadMsg {
+		sb.s.needResync.Store(true) // sweep.go, tellNodeDead
 		return
 	}
 	if msg.Channel == membershipChannel && strings.HasPrefix(msg.Payload, `{"k":"status"`) {

@@ -104,8 +104,10 @@ type Store struct {
 	log     *slog.Logger
 	m       *storeMetrics
 
-	obs     store.Observer // set before use
-	handler store.Handler  // set before use
+	obs store.Observer // set before use
+	// handler: set by Subscribe, read by the subscriber and the health
+	// loop, which run from New on (a message can come before Subscribe).
+	handler atomic.Pointer[store.Handler]
 
 	mu    sync.Mutex
 	conns map[string]*localConn // this node's live connections
@@ -122,6 +124,7 @@ type Store struct {
 
 	healthy atomic.Bool
 	beaten  atomic.Bool  // the first beat is done
+	crashes crashes      // crashed nodes told of lately (sweep.go)
 	present atomic.Int64 // users not offline, all shards
 	// needResync: a subscription was re-established; the health check
 	// resyncs viewers.
@@ -337,7 +340,15 @@ func (s *Store) Intact() error {
 func (s *Store) Cluster() bool { return s.cluster }
 
 // Subscribe implements store.Store.
-func (s *Store) Subscribe(h store.Handler) { s.handler = h }
+func (s *Store) Subscribe(h store.Handler) { s.handler.Store(&h) }
+
+// handlerOf is what Subscribe set, or nil.
+func (s *Store) handlerOf() store.Handler {
+	if h := s.handler.Load(); h != nil {
+		return *h
+	}
+	return nil
+}
 
 // SetObserver implements store.Observable.
 func (s *Store) SetObserver(o store.Observer) { s.obs = o }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/greendot/greendot/store"
@@ -142,6 +143,12 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 	}
 	replies, errs := s.evalMany(ctx, s.sc.sweep, calls)
 	newlyEmptied := false
+	crashed := false
+	defer func() {
+		if crashed {
+			s.tellNodeDead(ctx)
+		}
+	}()
 	for i, v := range replies {
 		sh := shards[i]
 		if errs[i] != nil {
@@ -149,7 +156,7 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 			continue
 		}
 		r, _ := v.([]any)
-		if len(r) != 6 {
+		if len(r) != 7 {
 			err = cmp.Or(err, fmt.Errorf("sweep reply %v", v))
 			continue
 		}
@@ -162,6 +169,9 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 		if toInt(r[2]) > 0 {
 			dead = true
 			s.share(sh, toInt(r[3]), toInt(r[4]))
+		}
+		for _, c := range asStrings(r[6]) {
+			crashed = s.crashes.first(c, start) || crashed
 		}
 		bit := uint64(1) << sh
 		if toInt(r[0]) == 1 {
@@ -221,4 +231,54 @@ func (s *Store) forget(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// deadMsg, on the membership channel, tells every node that a node was
+// found dead.
+const deadMsg = `{"k":"dead"}`
+
+// tellNodeDead has every live node resync its viewers, this one too: a node
+// killed between a script and its publish took the change with it (chaos
+// seed 466426994, cluster: a disconnect committed as the node was killed
+// left its user online at every viewer), and nothing else would send it
+// before the user's next change. Told by the sweeps that find a crashed
+// node (once per shard; a node that left cleanly published all it wrote),
+// and by a process's first beat when its id was still live (a restart
+// quicker than the node ttl). The resyncs it asks for are coalesced, and
+// send only what differs.
+func (s *Store) tellNodeDead(ctx context.Context) {
+	s.needResync.Store(true)
+	s.publish(ctx, []pubMsg{{membershipChannel, []byte(deadMsg)}})
+}
+
+// crashes is the crashed nodes this node told of lately, each as "node
+// beat" (its last beat: a node that dies again after a restart is a new
+// crash): a dead node is found once per shard, and its many connections
+// over several sweeps.
+type crashes struct {
+	mu   sync.Mutex
+	seen map[string]time.Time
+}
+
+// crashMemory is how long a crash told of is remembered: well past the
+// sweeps that release its connections.
+const crashMemory = time.Minute
+
+// first reports whether crash was not told of lately, and notes it.
+func (c *crashes) first(crash string, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.seen[crash]; ok {
+		return false
+	}
+	if c.seen == nil {
+		c.seen = make(map[string]time.Time)
+	}
+	for k, at := range c.seen {
+		if now.Sub(at) > crashMemory {
+			delete(c.seen, k)
+		}
+	}
+	c.seen[crash] = now
+	return true
 }

@@ -13,14 +13,16 @@ local ttl, grace, nodettl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[
 local holdoff, limit, gap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local out = new_out()
 -- found: the dead nodes this sweep found; live, rank: set when it found any
--- (below).
-local found, live, rank = 0, 0, -1
+-- (below); crashed: those of them that stopped beating rather than left,
+-- each as "node beat": they may have died between a script and its
+-- publish (sweep.go, tellNodeDead).
+local found, live, rank, crashed = 0, 0, -1, {}
 -- The reply: whether the shard is in a data loss's hold-off (EM: nodes
--- refuse snapshots meanwhile), the outcome, then found, live and rank, and
--- in how many ms the shard's next claim falls due (its owner sweeps it
--- then rather than every tick; -1: nothing is waiting; 0: sweep again at
--- once, as in a hold-off).
-local function swept(due) return {redis.call('EXISTS', EM), reply(out), found, live, rank, due} end
+-- refuse snapshots meanwhile), the outcome, then found, live and rank, in
+-- how many ms the shard's next claim falls due (its owner sweeps it then
+-- rather than every tick; -1: nothing is waiting; 0: sweep again at once,
+-- as in a hold-off), and crashed.
+local function swept(due) return {redis.call('EXISTS', EM), reply(out), found, live, rank, due, crashed} end
 -- next_due: the earliest of a grace end, a status expiry, a deadline a ttl
 -- late (the safety net below) and a node's beat a node ttl old, in ms from
 -- now; -1 when the shard holds none of them.
@@ -86,6 +88,7 @@ for i = 1, #dead, 2 do
   if redis.call('SCARD', nc) == 0 then
     redis.call('ZREM', NODES, node)
   end
+  if beat > 0 then table.insert(crashed, node .. ' ' .. fmt(beat)) end
 end
 -- A node found dead is ranked out at once: the count of the nodes live here
 -- and the sweeper's rank among them by name (as beat.lua counts them) let
