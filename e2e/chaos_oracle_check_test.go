@@ -113,6 +113,21 @@ func TestChaosOracle(t *testing.T) {
 			changes:      []change{online(0.1), {6.5, 6.6, "u01", "offline", "online", 2}, {12.5, 13, "u01", "offline", "offline", 3}},
 			want:         map[string]int{"doubled": 1},
 		},
+		// A node killed makes every node resync when it is found dead
+		// (up to 4 s after the kill, its liveness and a beat; until 7 s
+		// with the 3 s margin), or when it restarts, if that is later.
+		"an offline restated in the resync after a node was killed": {
+			subject: []sess{{0, 5, "b", "closed"}},
+			faults:  []fault{{"kill -9", "c", 9, 10}},
+			changes: []change{online(0.1), {6.5, 6.6, "u01", "offline", "online", 2}, {12.8, 12.9, "u01", "offline", "offline", 3}},
+			want:    map[string]int{"doubled": 0},
+		},
+		"an offline restated after the resync of a node killed": {
+			subject: []sess{{0, 5, "b", "closed"}},
+			faults:  []fault{{"kill -9", "c", 9, 10}},
+			changes: []change{online(0.1), {6.5, 6.6, "u01", "offline", "online", 2}, {16.5, 16.6, "u01", "offline", "offline", 3}},
+			want:    map[string]int{"doubled": 1},
+		},
 		"versions going back on a connection": {
 			subject: []sess{{0, 0, "b", ""}},
 			changes: []change{online(0.1)},

@@ -42,7 +42,10 @@ import (
 //     sweep hold-off; such samples are "degraded", not violations.
 //   - Every dot move a viewer applies is a state the truth allowed at the
 //     change's time (±1 s); the same state again (a restatement) is counted,
-//     and an offline restated outside a recovery is a doubled change.
+//     and an offline restated outside a recovery is a doubled change. A
+//     recovery: Redis faults and a concerned node's network faults, until
+//     the hold-off after them is over, and a node's kill -9, until the
+//     resync it makes every node run.
 //   - On every connection, versions per subject strictly increase (a same
 //     version again is a resend: allowed only as the resync after a Redis
 //     fault or a membership change re-sends the current state), nothing
@@ -612,6 +615,22 @@ func (o *oracle) recovering(node, viewer, subject string, t time.Time) bool {
 			continue
 		}
 		if f.to.IsZero() || !t.After(f.to.Add(holdOff+3*time.Second)) {
+			return true
+		}
+	}
+	for _, f := range o.w.faults {
+		// A node killed: every node resyncs once the survivors find it
+		// dead (its liveness, a beat and a sweep after its last beat), or
+		// at its restart's first beat if that comes first (redisstore's
+		// tellNodeDead), whatever node the viewer is on.
+		if f.kind != "kill -9" || f.from.After(t) {
+			continue
+		}
+		told := f.from.Add(nodeTTL + time.Second)
+		if f.to.After(told) {
+			told = f.to
+		}
+		if !t.After(told.Add(3 * time.Second)) {
 			return true
 		}
 	}
