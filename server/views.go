@@ -229,6 +229,14 @@ func (v *views) readAll(team string, ps []presence.Presence, reader *client, oth
 func readLocked(m map[string]view, p presence.Presence, reader *client, others bool) {
 	look := p.Look()
 	cur, ok := m[p.UserID]
+	if ok && p.Version == 0 && p.State == presence.Offline && cur.look.State == presence.Offline {
+		// The store holds nothing of the subject (its keys lost with the
+		// data, or forgotten): the reader holds them offline, as the members
+		// do, with no last seen. No news, as in resync (chaos seed
+		// 681366401: a catch-up's read of it left the view unsure, and the
+		// next resync sent every member the offline again).
+		return
+	}
 	if !ok {
 		nv := view{version: p.Version, look: look}
 		if others && p.State != presence.Offline {

@@ -409,3 +409,20 @@ func TestViewsResyncKeepsAnOfflineTheStoreLost(t *testing.T) {
 		t.Fatal("the next real change of the kept offline must still go out")
 	}
 }
+
+// Chaos seed 681366401 (one Redis): after an empty restart, a joiner's
+// catch-up on b read u09, long offline, as the store now had it: offline at
+// version 0, no last seen. The team's view took that for a disagreement
+// with its members, who hold u09 offline, and lost track of who held what;
+// the next resync sent every member u09 offline again.
+func TestViewsReadOfAnOfflineTheStoreLostIsNoDisagreement(t *testing.T) {
+	v := newViews()
+	v.routeOne("t", presence.Change{UserID: "gone", State: presence.Offline, Version: 5, LastSeen: time.UnixMilli(1_000_000)})
+	v.read("t", seen("gone", presence.Offline, 0), nil, true) // a catch-up's read
+	if cur, _ := v.get("t", "gone"); cur.odd != nil || cur.version != 5 {
+		t.Fatalf("view after the read: %+v, want version 5 and no odds", cur)
+	}
+	if diff := v.resync("t", []presence.Presence{seen("gone", presence.Offline, 0)}, func(string) uint64 { return 100 }); len(diff) != 0 {
+		t.Fatalf("resync sent %v, want nothing: every member holds gone offline", diff)
+	}
+}
