@@ -22,24 +22,11 @@ import (
 func TestJoinCatchUpAheadOfATeammatesJoinOfAnotherTeam(t *testing.T) {
 	eachSharedStore(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
-		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t0", "u09"}, {"t2", "u03"}, {"t2", "u08"}})
-		v := online(t, st, "u03")
-		w := &wire{c: local("u09")}
-		local("u08")
-		for _, m := range [][2]string{{"t0", "u03"}, {"t2", "u09"}} {
-			if err := st.AddMember(ctx, m[0], m[1]); err != nil {
-				t.Fatal(err)
-			}
-		}
-		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"t0", "t2"}})
+		h, w, v := aheadHub(t, kind)
 		runJobs(ctx, h, w)
-		h.OnMembership(store.MembershipEvent{Team: "t0", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t0", "t2"},
-			State: presence.Online, Version: v})
+		u03JoinsT0(h, v)
 		runJobs(ctx, h, w)
-		w.write()
-		if got, want := w.String(), fmt.Sprintf("[u03=online@%d]", v); got != want {
-			t.Errorf("u09 was sent %s, want u03 online once", got)
-		}
+		wantU03Once(t, w, v, "u09")
 	})
 }
 
@@ -53,25 +40,16 @@ func TestJoinCatchUpAheadOfATeammatesJoinReadByAnotherSnapshot(t *testing.T) {
 		v := online(t, st, "u03")
 		w := &wire{c: local("u09")}
 		local("u08")
-		if err := st.AddMember(ctx, "t0", "u03"); err != nil {
-			t.Fatal(err)
-		}
+		addMembers(t, st, [2]string{"t0", "u03"})
 		w7 := &wire{c: local("u07")} // its snapshot shows u03
-		if err := st.AddMember(ctx, "t2", "u09"); err != nil {
-			t.Fatal(err)
-		}
-		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"t0", "t2"}})
+		addMembers(t, st, [2]string{"t2", "u09"})
+		u09JoinsT2(h)
 		runJobs(ctx, h, w, w7)
-		h.OnMembership(store.MembershipEvent{Team: "t0", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t0", "t2"},
-			State: presence.Online, Version: v})
+		u03JoinsT0(h, v)
 		runJobs(ctx, h, w, w7)
-		w.write()
-		w7.write()
-		if got, want := w.String(), fmt.Sprintf("[u03=online@%d]", v); got != want {
-			t.Errorf("u09 was sent %s, want u03 online once", got)
-		}
-		if got := w7.String(); got != "[]" {
-			t.Errorf("u07 was sent %s, want nothing: its snapshot showed u03", got)
+		wantU03Once(t, w, v, "u09")
+		if w7.write(); w7.String() != "[]" {
+			t.Errorf("u07 was sent %s, want nothing: its snapshot showed u03", w7)
 		}
 	})
 }
@@ -90,24 +68,15 @@ func TestJoinCatchUpReachesTheDeviceWhoseSnapshotLackedATeammate(t *testing.T) {
 			t.Fatal(err)
 		}
 		w2 := &wire{c: local("u09")} // lacks u03
-		for _, m := range [][2]string{{"t0", "u03"}, {"t2", "u09"}} {
-			if err := st.AddMember(ctx, m[0], m[1]); err != nil {
-				t.Fatal(err)
-			}
-		}
-		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"t0", "t2"}})
+		addMembers(t, st, [2]string{"t0", "u03"}, [2]string{"t2", "u09"})
+		u09JoinsT2(h)
 		runJobs(ctx, h, w1, w2)
-		h.OnMembership(store.MembershipEvent{Team: "t0", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t0", "t2"},
-			State: presence.Online, Version: v})
+		u03JoinsT0(h, v)
 		runJobs(ctx, h, w1, w2)
-		w1.write()
-		w2.write()
-		if got := w1.String(); got != "[]" {
-			t.Errorf("u09's first device was sent %s, want nothing: its snapshot showed u03", got)
+		if w1.write(); w1.String() != "[]" {
+			t.Errorf("u09's first device was sent %s, want nothing: its snapshot showed u03", w1)
 		}
-		if got, want := w2.String(), fmt.Sprintf("[u03=online@%d]", v); got != want {
-			t.Errorf("u09's second device was sent %s, want u03 online once", got)
-		}
+		wantU03Once(t, w2, v, "u09's second device")
 	})
 }
 
@@ -121,9 +90,7 @@ func TestJoinCatchUpCountsATeamBeingLeft(t *testing.T) {
 		online(t, st, "u03")
 		w := &wire{c: local("u09")}
 		local("u08")
-		if err := st.AddMember(ctx, "t2", "u09"); err != nil {
-			t.Fatal(err)
-		}
+		addMembers(t, st, [2]string{"t2", "u09"})
 		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"l", "t2"}})
 		runFirstJob(ctx, h) // indexes u09 under t2; the catch-up waits
 		if err := st.RemoveMember(ctx, "l", "u09"); err != nil {
@@ -144,28 +111,61 @@ func TestJoinCatchUpCountsATeamBeingLeft(t *testing.T) {
 func TestJoinCatchUpOfATeamNotIndexedLeavesATeammateToTheirJoin(t *testing.T) {
 	eachSharedStore(t, func(t *testing.T, kind string) {
 		ctx := context.Background()
-		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t0", "u09"}, {"t2", "u03"}, {"t2", "u08"}})
-		v := online(t, st, "u03")
-		w := &wire{c: local("u09")}
-		local("u08")
-		for _, m := range [][2]string{{"t0", "u03"}, {"t2", "u09"}} {
-			if err := st.AddMember(ctx, m[0], m[1]); err != nil {
-				t.Fatal(err)
-			}
-		}
-		h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"t0", "t2"}})
+		h, w, v := aheadHub(t, kind)
 		h.work.mu.Lock()
 		h.work.jobs = h.work.jobs[1:] // the watch of t2 fails: joinWatched indexes nothing
 		h.work.mu.Unlock()
 		runJobs(ctx, h, w)
-		h.OnMembership(store.MembershipEvent{Team: "t0", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t0", "t2"},
-			State: presence.Online, Version: v})
+		u03JoinsT0(h, v)
 		runJobs(ctx, h, w)
-		w.write()
-		if got, want := w.String(), fmt.Sprintf("[u03=online@%d]", v); got != want {
-			t.Errorf("u09 was sent %s, want u03 online once", got)
-		}
+		wantU03Once(t, w, v, "u09")
 	})
+}
+
+// aheadHub is the scene of seed 466426994: u09 (a connection here, w) in
+// t0, u03 (online at v) and u08 (a connection here) in t2; u03's join of t0
+// and u09's of t2 written, and u09's event delivered.
+func aheadHub(t *testing.T, kind string) (*hub, *wire, uint64) {
+	t.Helper()
+	h, st, _, local := catchUpHub(t, kind, [][2]string{{"t0", "u09"}, {"t2", "u03"}, {"t2", "u08"}})
+	v := online(t, st, "u03")
+	w := &wire{c: local("u09")}
+	local("u08")
+	addMembers(t, st, [2]string{"t0", "u03"}, [2]string{"t2", "u09"})
+	u09JoinsT2(h)
+	return h, w, v
+}
+
+// addMembers writes memberships, their events not delivered.
+func addMembers(t *testing.T, st store.Store, ms ...[2]string) {
+	t.Helper()
+	for _, m := range ms {
+		if err := st.AddMember(context.Background(), m[0], m[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// u09JoinsT2 delivers the event of u09's join of t2 (in t0 already).
+func u09JoinsT2(h *hub) {
+	h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u09", Joined: true, UserTeams: store.TeamList{"t0", "t2"}})
+}
+
+// u03JoinsT0 delivers the event of u03's join of t0 (in t2 already), online
+// at v.
+func u03JoinsT0(h *hub, v uint64) {
+	h.OnMembership(store.MembershipEvent{Team: "t0", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t0", "t2"},
+		State: presence.Online, Version: v})
+}
+
+// wantU03Once checks that w's connection (who) was sent u03 online at v,
+// once, and nothing else.
+func wantU03Once(t *testing.T, w *wire, v uint64, who string) {
+	t.Helper()
+	w.write()
+	if got, want := w.String(), fmt.Sprintf("[u03=online@%d]", v); got != want {
+		t.Errorf("%s was sent %s, want u03 online once", who, got)
+	}
 }
 
 // runFirstJob runs the worker's first queued job only.
