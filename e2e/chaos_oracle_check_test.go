@@ -114,15 +114,28 @@ func TestChaosOracle(t *testing.T) {
 			want:         map[string]int{"doubled": 1},
 		},
 		// A node killed makes every node resync when it is found dead
-		// (up to 4 s after the kill, its liveness and a beat; until 7 s
-		// with the 3 s margin), or when it restarts, if that is later.
-		"an offline restated in the resync after a node was killed": {
+		// (2 to 4 s after the kill: its liveness after its last beat, a
+		// sweep, a health check; until 7 s with the 3 s margin), and when
+		// it restarts under its id (until 3 s after).
+		"an offline restated in the resync after a node was found dead": {
 			subject: []sess{{0, 5, "b", "closed"}},
 			faults:  []fault{{"kill -9", "c", 9, 10}},
-			changes: []change{online(0.1), {6.5, 6.6, "u01", "offline", "online", 2}, {12.8, 12.9, "u01", "offline", "offline", 3}},
+			changes: []change{online(0.1), {6.5, 6.6, "u01", "offline", "online", 2}, {15.8, 15.9, "u01", "offline", "offline", 3}},
 			want:    map[string]int{"doubled": 0},
 		},
-		"an offline restated after the resync of a node killed": {
+		"an offline restated in the resync after a node's restart": {
+			subject: []sess{{0, 5, "b", "closed"}},
+			faults:  []fault{{"kill -9", "c", 9, 22}},
+			changes: []change{online(0.1), {6.5, 6.6, "u01", "offline", "online", 2}, {24.8, 24.9, "u01", "offline", "offline", 3}},
+			want:    map[string]int{"doubled": 0},
+		},
+		"an offline restated after a node was killed, before it could be found dead": {
+			subject: []sess{{0, 5, "b", "closed"}},
+			faults:  []fault{{"kill -9", "c", 9, 22}},
+			changes: []change{online(0.1), {6.5, 6.6, "u01", "offline", "online", 2}, {10.5, 10.6, "u01", "offline", "offline", 3}},
+			want:    map[string]int{"doubled": 1},
+		},
+		"an offline restated after the resyncs of a node killed": {
 			subject: []sess{{0, 5, "b", "closed"}},
 			faults:  []fault{{"kill -9", "c", 9, 10}},
 			changes: []change{online(0.1), {6.5, 6.6, "u01", "offline", "online", 2}, {16.5, 16.6, "u01", "offline", "offline", 3}},

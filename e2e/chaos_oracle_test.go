@@ -44,8 +44,8 @@ import (
 //     change's time (±1 s); the same state again (a restatement) is counted,
 //     and an offline restated outside a recovery is a doubled change. A
 //     recovery: Redis faults and a concerned node's network faults, until
-//     the hold-off after them is over, and a node's kill -9, until the
-//     resync it makes every node run.
+//     the hold-off after them is over, and the resyncs a node's kill -9
+//     makes every node run (when it is found dead, and at its restart).
 //   - On every connection, versions per subject strictly increase (a same
 //     version again is a resend: allowed only as the resync after a Redis
 //     fault or a membership change re-sends the current state), nothing
@@ -619,18 +619,20 @@ func (o *oracle) recovering(node, viewer, subject string, t time.Time) bool {
 		}
 	}
 	for _, f := range o.w.faults {
-		// A node killed: every node resyncs once the survivors find it
-		// dead (its liveness, a beat and a sweep after its last beat), or
-		// at its restart's first beat if that comes first (redisstore's
-		// tellNodeDead), whatever node the viewer is on.
-		if f.kind != "kill -9" || f.from.After(t) {
+		// A node killed: every node resyncs when the survivors find it
+		// dead (its liveness after its last beat, which came up to a
+		// second before the kill, then a sweep and a health check), and
+		// when it starts again under its id while still listed
+		// (redisstore's tellNodeDead), whatever node the viewer is on:
+		// within 3 s of either.
+		if f.kind != "kill -9" {
 			continue
 		}
-		told := f.from.Add(nodeTTL + time.Second)
-		if f.to.After(told) {
-			told = f.to
+		found := f.from.Add(nodeTTL - time.Second)
+		if !t.Before(found) && !t.After(found.Add(2*time.Second+3*time.Second)) {
+			return true
 		}
-		if !t.After(told.Add(3 * time.Second)) {
+		if !f.to.IsZero() && !t.Before(f.to) && !t.After(f.to.Add(3*time.Second)) {
 			return true
 		}
 	}

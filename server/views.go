@@ -229,13 +229,9 @@ func (v *views) readAll(team string, ps []presence.Presence, reader *client, oth
 func readLocked(m map[string]view, p presence.Presence, reader *client, others bool) {
 	look := p.Look()
 	cur, ok := m[p.UserID]
-	if ok && p.Version == 0 && p.State == presence.Offline && cur.look.State == presence.Offline {
-		// The store holds nothing of the subject (its keys lost with the
-		// data, or forgotten): the reader holds them offline, as the members
-		// do, with no last seen. No news, as in resync (chaos seed
-		// 681366401: a catch-up's read of it left the view unsure, and the
-		// next resync sent every member the offline again).
-		return
+	forgot := ok && forgotten(p.Version, look, cur.look)
+	if forgot {
+		look.LastSeen = cur.look.LastSeen
 	}
 	if !ok {
 		nv := view{version: p.Version, look: look}
@@ -258,12 +254,23 @@ func readLocked(m map[string]view, p presence.Presence, reader *client, others b
 	}
 	// A read older than the view: a change routed since may have reached
 	// the reader (folded into its snapshot), or not.
-	o.hold(reader, held{version: p.Version, look: look, unknown: p.Version < cur.version})
+	o.hold(reader, held{version: p.Version, look: look, unknown: p.Version < cur.version && !forgot})
 	if p.Version > cur.version {
 		cur.version, cur.look = p.Version, look
 	}
 	cur.odd = o.settled(cur.look)
 	m[p.UserID] = cur
+}
+
+// forgotten reports whether a read at version of look is of a subject the
+// store holds nothing of (its keys lost with the data, or forgotten: offline
+// at version 0, no last seen) whom members hold offline (held): only the
+// last seen differs, and it is the store that lost it, not news (chaos seed
+// 681366401: such a read made a view unsure of what its members held, and
+// the next resync sent every member the offline again). resync judges the
+// store's truth so too.
+func forgotten(version uint64, look, held presence.Look) bool {
+	return version == 0 && look.State == presence.Offline && held.State == presence.Offline
 }
 
 // lacking records that reader holds nothing of the subjects team's view
@@ -311,7 +318,11 @@ func (v *views) adopt(team, from, subject string, others bool) {
 		m[subject] = nv
 		return
 	}
-	if src.odd != nil || cur.odd != nil || src.look != cur.look {
+	look := src.look
+	if forgotten(src.version, look, cur.look) {
+		look.LastSeen = cur.look.LastSeen
+	}
+	if src.odd != nil || cur.odd != nil || look != cur.look {
 		cur.odd = unsure() // the joiner's connections hold what from's members do
 	}
 	if src.version > cur.version {
@@ -429,7 +440,7 @@ func (v *views) resync(team string, truth []presence.Presence, floor func(string
 		// keys lost with the data, or forgotten): where viewers hold them
 		// offline, only the last seen differs, and it is the store that
 		// forgot it, not news to send.
-		if ok && t.Version == 0 && t.State == presence.Offline && look.State == presence.Offline && cur.look.State == presence.Offline {
+		if ok && forgotten(t.Version, look, cur.look) {
 			look.LastSeen = cur.look.LastSeen
 		}
 		switch {

@@ -410,19 +410,60 @@ func TestViewsResyncKeepsAnOfflineTheStoreLost(t *testing.T) {
 	}
 }
 
-// Chaos seed 681366401 (one Redis): after an empty restart, a joiner's
-// catch-up on b read u09, long offline, as the store now had it: offline at
-// version 0, no last seen. The team's view took that for a disagreement
-// with its members, who hold u09 offline, and lost track of who held what;
-// the next resync sent every member u09 offline again.
+// Chaos seed 681366401 (one Redis): after an empty restart, u09, long
+// offline, read as the store now had it: offline at version 0, no last
+// seen. A snapshot's read of it, or a joiner's catch-up adopting t3's hold
+// from another team whose view read it so, took that for a disagreement
+// with t3's members, who hold u09 offline; the next resync sent them all
+// the offline again.
 func TestViewsReadOfAnOfflineTheStoreLostIsNoDisagreement(t *testing.T) {
-	v := newViews()
-	v.routeOne("t", presence.Change{UserID: "gone", State: presence.Offline, Version: 5, LastSeen: time.UnixMilli(1_000_000)})
-	v.read("t", seen("gone", presence.Offline, 0), nil, true) // a catch-up's read
-	if cur, _ := v.get("t", "gone"); cur.odd != nil || cur.version != 5 {
-		t.Fatalf("view after the read: %+v, want version 5 and no odds", cur)
+	lost := seen("gone", presence.Offline, 0)
+	held := presence.Change{UserID: "gone", State: presence.Offline, Version: 5, LastSeen: time.UnixMilli(1_000_000)}
+	resyncSends := func(v *views) []resyncChange {
+		return v.resync("t3", []presence.Presence{lost}, func(string) uint64 { return 100 })
 	}
-	if diff := v.resync("t", []presence.Presence{seen("gone", presence.Offline, 0)}, func(string) uint64 { return 100 }); len(diff) != 0 {
-		t.Fatalf("resync sent %v, want nothing: every member holds gone offline", diff)
-	}
+	t.Run("a snapshot's read", func(t *testing.T) {
+		v := newViews()
+		v.routeOne("t3", held)
+		r := &client{user: "reader"}
+		r.noted.Store(true)
+		v.readAll("t3", []presence.Presence{lost}, r, true)
+		if cur, _ := v.get("t3", "gone"); cur.odd != nil || cur.version != 5 {
+			t.Fatalf("view after the read: %+v, want version 5 and no odds", cur)
+		}
+		if diff := resyncSends(v); len(diff) != 0 {
+			t.Fatalf("resync sent %v, want nothing: every member holds gone offline", diff)
+		}
+	})
+	t.Run("adopted from a team that read it", func(t *testing.T) {
+		v := newViews()
+		v.routeOne("t3", held)
+		v.read("t0", lost, nil, false) // t0's join event, its first of gone here
+		v.adopt("t3", "t0", "gone", true)
+		if cur, _ := v.get("t3", "gone"); cur.odd != nil {
+			t.Fatalf("t3's view after the adoption: %+v, want no odds", cur)
+		}
+		if diff := resyncSends(v); len(diff) != 0 {
+			t.Fatalf("resync sent %v, want nothing: every member holds gone offline", diff)
+		}
+	})
+	// Where the members disagree already, the reader is noted as holding
+	// offline (not as unknown, nor as holding what the others do): the next
+	// online reaches it.
+	t.Run("beside members who disagree", func(t *testing.T) {
+		v := newViews()
+		v.routeOne("t3", change("gone", presence.Online, 5))
+		x, r, other := &client{user: "x"}, &client{user: "reader"}, &client{user: "other"}
+		for _, c := range []*client{x, r, other} {
+			c.noted.Store(true)
+		}
+		v.readAll("t3", []presence.Presence{seen("gone", presence.Offline, 6)}, x, true) // not routed
+		v.readAll("t3", []presence.Presence{lost}, r, true)
+		d := []reach{{}}
+		v.route([]string{"t3"}, change("gone", presence.Online, 7), d)
+		if !d[0].to(r) || !d[0].to(x) || d[0].to(other) {
+			t.Fatalf("the next online reaches reader %v, x %v, other %v; want the two who hold offline only",
+				d[0].to(r), d[0].to(x), d[0].to(other))
+		}
+	})
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/greendot/greendot/internal/testwait"
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store/redisstore/redistest"
@@ -83,4 +85,36 @@ func TestRestartUnderItsIdMakesEveryNodeResync(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A node stopped cleanly and started again under its id before any sweep
+// dropped its entry left a 0 there, not a beat: it published all it wrote,
+// and its first beat tells nobody to resync (a drain's restart in the chaos
+// test, a rolling deploy with fixed node ids).
+func TestRestartAfterACleanStopIsNoCrash(t *testing.T) {
+	r := redistest.Start(t)
+	a, _ := mkResync(t, r.URL(), "a")
+	must(t, a.Close()) // nobody sweeps here: a stays listed, at 0
+	a2, _ := mkResync(t, r.URL(), "a")
+	testwait.For(t, 10*time.Second, func() error {
+		if !a2.beaten.Load() {
+			return fmt.Errorf("no first beat yet")
+		}
+		return nil
+	})
+	if n := counterValue(t, a2.m.crashesTold); n != 0 {
+		t.Fatalf("the restart told %v crashes, want none: a left cleanly", n)
+	}
+}
+
+// counterValue reads a counter as /metrics would.
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 {
+		t.Fatalf("gather: %v, %d families", err, len(mfs))
+	}
+	return mfs[0].GetMetric()[0].GetCounter().GetValue()
 }

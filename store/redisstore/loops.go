@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
@@ -238,17 +237,19 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	all, errs := s.evalMany(ctx, s.sc.beat, calls)
 	var replies []any
 	var err error
+	crashed := false // an earlier process under this id beat, and did not leave
 	for sh, e := range errs {
 		if e != nil {
 			err = cmp.Or(err, e)
 			continue // its share stays as it was; the fallback sweeps cover it
 		}
 		r, _ := all[sh].([]any)
-		if len(r) != 3 {
+		if len(r) != 4 {
 			err = cmp.Or(err, fmt.Errorf("beat reply %v", all[sh]))
 			continue
 		}
 		replies = append(replies, r[0])
+		crashed = crashed || toInt(r[3]) == 1
 		s.share(sh, toInt(r[1]), toInt(r[2]))
 	}
 	if err != nil {
@@ -267,14 +268,15 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	// The first beat that lands is this process's first: missing there is
 	// a fresh start (or its entry is still there, after a restart under the
 	// same id), and every later one counts.
+	// This process's first beat found its id beating: an earlier process
+	// under it was killed less than a node ttl ago, and the sweeps will not
+	// find it dead. What it wrote and did not publish is told by a resync.
+	// (One that stopped cleanly left a 0, and published all it wrote.)
+	if !beaten && !leaving && crashed {
+		s.tellNodeDead(ctx)
+	}
 	if len(replies) > 0 {
 		s.beaten.Store(true)
-	}
-	// This process's first beat found its id live: an earlier process under
-	// it was killed less than a node ttl ago, and the sweeps will not find
-	// it dead. What it wrote and did not publish is told by a resync.
-	if !beaten && !leaving && slices.ContainsFunc(replies, func(v any) bool { return toInt(v) == 0 }) {
-		s.tellNodeDead(ctx)
 	}
 	// This node vanished from a shard although it beat before: Redis lost
 	// its data, or the node stalled and was taken for dead. Recover now.

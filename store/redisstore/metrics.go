@@ -14,6 +14,7 @@ type storeMetrics struct {
 	pubsubLag     prometheus.Histogram
 	sweeps        prometheus.Counter
 	reassertions  prometheus.Counter
+	crashesTold   prometheus.Counter
 	published     prometheus.Counter
 	errors        *prometheus.CounterVec
 	up            prometheus.Gauge
@@ -35,6 +36,8 @@ func newStoreMetrics() *storeMetrics {
 			Name: "sweeps_total", Help: "Sweeps of every shard run by this node."}),
 		reassertions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "reassertions_total", Help: "Live connections written back into Redis after it lost them."}),
+		crashesTold: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "crashes_told_total", Help: "Crashed nodes (found dead, or this node's own earlier process) this node told every node to resync for."}),
 		published: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "published_total", Help: "Change messages published (one per team of the subject)."}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -50,5 +53,5 @@ var _ store.MetricsSource = (*Store)(nil)
 func (s *Store) Collectors() []prometheus.Collector {
 	m := s.m
 	return []prometheus.Collector{m.scriptLatency, m.pipelineSize, m.pubsubLag, m.sweeps,
-		m.reassertions, m.published, m.errors, m.up}
+		m.reassertions, m.crashesTold, m.published, m.errors, m.up}
 }

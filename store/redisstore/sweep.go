@@ -247,6 +247,7 @@ const deadMsg = `{"k":"dead"}`
 // quicker than the node ttl). The resyncs it asks for are coalesced, and
 // send only what differs.
 func (s *Store) tellNodeDead(ctx context.Context) {
+	s.m.crashesTold.Inc()
 	s.needResync.Store(true)
 	s.publish(ctx, []pubMsg{{membershipChannel, []byte(deadMsg)}})
 }

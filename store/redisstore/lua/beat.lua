@@ -5,14 +5,15 @@
 -- liveness, kept in every shard (NODES) so each shard's sweep can judge it
 -- within its own slot. A leaving node is marked as long dead, so sweepers
 -- release whatever it still holds at once (and drop it once it holds
--- nothing). Returns {missing, live, rank}: missing is 1 when this node was
+-- nothing). Returns {missing, live, rank, beating}: missing is 1 when this node was
 -- missing from the shard (Redis lost its data, or the node was taken for
 -- dead and released; either way the node must re-assert its connections);
 -- live counts the nodes that beat within the node ttl, and rank is this
 -- node's place among them by name, from 0: the shards are shared out by it
 -- for sweeping (loops.go).
 local missing = 0
-if not redis.call('ZSCORE', NODES, ARGV[1]) then missing = 1 end
+local prev = redis.call('ZSCORE', NODES, ARGV[1])
+if not prev then missing = 1 end
 -- Missing, after beating before, with no sweep record: Redis lost the
 -- shard's data. Say so here, in the step that writes this node back:
 -- a sweep that runs before this node has handled the reply would find it
@@ -42,4 +43,9 @@ local rank = -1
 for i, n in ipairs(live) do
   if n == ARGV[1] then rank = i - 1 break end
 end
-return {missing, #live, rank}
+-- beating: this node's entry was there with a beat (not a leaver's 0): on
+-- a process's first beat, an earlier process under its id died without
+-- leaving (loops.go, beat).
+local beating = 0
+if prev and tonumber(prev) > 0 then beating = 1 end
+return {missing, #live, rank, beating}
