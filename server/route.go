@@ -424,11 +424,12 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 	gone := h.users[ev.UserID] != subject
 	var others map[string]struct{}
 	var conns []*client
-	leaving := make(map[string]bool)
+	var leaving map[string]bool
 	if !large && !gone {
 		others = h.toldLocked(subject, ev.Team)
 		conns = slices.Clone(subject.conns)
-		if f := subject.flight; f != nil {
+		if f := subject.flight; f != nil && len(f.leaving) > 0 {
+			leaving = make(map[string]bool, len(f.leaving))
 			for t := range f.leaving {
 				leaving[t] = true
 			}

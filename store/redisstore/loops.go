@@ -265,9 +265,6 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	for _, v := range replies {
 		missing = missing || toInt(v) == 1
 	}
-	// The first beat that lands is this process's first: missing there is
-	// a fresh start (or its entry is still there, after a restart under the
-	// same id), and every later one counts.
 	// This process's first beat found its id beating: an earlier process
 	// under it was killed less than a node ttl ago, and the sweeps will not
 	// find it dead. What it wrote and did not publish is told by a resync.
@@ -275,6 +272,9 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	if !beaten && !leaving && crashed {
 		s.tellNodeDead(ctx)
 	}
+	// The first beat that lands is this process's first: missing there is
+	// a fresh start (or its entry is still there, after a restart under the
+	// same id), and every later one counts.
 	if len(replies) > 0 {
 		s.beaten.Store(true)
 	}

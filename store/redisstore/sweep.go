@@ -242,9 +242,9 @@ const deadMsg = `{"k":"dead"}`
 // seed 466426994, cluster: a disconnect committed as the node was killed
 // left its user online at every viewer), and nothing else would send it
 // before the user's next change. Told by the sweeps that find a crashed
-// node (once per shard; a node that left cleanly published all it wrote),
-// and by a process's first beat when its id was still live (a restart
-// quicker than the node ttl). The resyncs it asks for are coalesced, and
+// node (once per sweep that finds one; a node that left cleanly published
+// all it wrote), and by a process's first beat when its id was still
+// beating (a restart quicker than the node ttl). The resyncs it asks for are coalesced, and
 // send only what differs.
 func (s *Store) tellNodeDead(ctx context.Context) {
 	s.m.crashesTold.Inc()
@@ -253,9 +253,9 @@ func (s *Store) tellNodeDead(ctx context.Context) {
 }
 
 // crashes is the crashed nodes this node told of lately, each as "node
-// beat" (its last beat: a node that dies again after a restart is a new
-// crash): a dead node is found once per shard, and its many connections
-// over several sweeps.
+// beat" (its last beat in one shard: a node that dies again after a
+// restart is a new crash): a shard whose dead node had more connections
+// than one sweep releases finds it again at the next sweeps.
 type crashes struct {
 	mu   sync.Mutex
 	seen map[string]time.Time
