@@ -224,7 +224,12 @@ func TestScenarioLargeTeam(t *testing.T) {
 	if got := fig(t, r, "fanout_per_change"); got > 1 {
 		t.Errorf("fanout_per_change = %v, want at most 1", got)
 	}
-	expectPositive(t, r, "change_p50_ms", "viewer_connect_ms", "watch_result_ms", "heap_per_member_b")
+	expectPositive(t, r, "change_p50_ms", "viewer_connect_ms", "watch_result_ms")
+	// Heap deltas are reported but not signed: at 20 members a GC between
+	// the two scrapes frees more garbage than the members hold, so the
+	// delta can go below zero (it did once in CI: -5,224 B).
+	fig(t, r, "heap_per_member_b")
+	fig(t, r, "heap_per_membership_b")
 	expectZero(t, r, "viewer_snapshot_users", "missing", "spurious")
 }
 
