@@ -62,7 +62,7 @@ export async function launch(args = []) {
       const { sessionId } = await send('Target.attachToTarget', { targetId, flatten: true });
       return { targetId, sessionId };
     },
-    /** Evaluates expr in the tab (runs even while its timers are throttled). */
+    /** Evaluates expr in the tab (runs even while its timers are throttled or frozen). */
     async evaluate(tab, expr) {
       const r = await send('Runtime.evaluate', { expression: expr, returnByValue: true, awaitPromise: true }, tab.sessionId);
       if (r.exceptionDetails) throw new Error(`evaluate ${expr}: ${r.exceptionDetails.exception?.description ?? r.exceptionDetails.text}`);
