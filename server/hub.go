@@ -38,6 +38,16 @@ type hub struct {
 	watch  *watches // who watches whom (large teams, largeteams.go)
 	counts *counts  // large teams' counts and what viewers were told
 
+	// routing: a resync holds it while it decides a team's differences
+	// and queues them, live routing (OnPresence) shares it: a change routed
+	// after the resync read the team is queued behind what the resync
+	// queued, never flushed ahead of it (a connection would get the older
+	// version second). Taken before mu.
+	routing sync.RWMutex
+	// resyncDecided, when set (tests), runs between a resync's decision
+	// for a team and its pushes.
+	resyncDecided func(team string)
+
 	mu     sync.RWMutex
 	users  map[string]*localUser
 	byTeam map[string]map[*localUser]struct{}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
@@ -196,6 +197,45 @@ func TestRouteThroughATeamTheResyncHasNotReachedYet(t *testing.T) {
 		w.write()
 		if got, want := w.String(), fmt.Sprintf("[bob=online@%d bob=away@%d]", v3, v4); got != want {
 			t.Fatalf("alice was sent %s, want bob online then away", got)
+		}
+	})
+}
+
+// A change routed live while a resync is between its decision for a team
+// and its pushes is queued after what the resync queued: flushed ahead of
+// it, the connection would get the resync's older version second (out of
+// order, seen from a review of the crash resyncs). Before the fix the live
+// change was routed and flushed at once; now it waits for the team's pushes
+// and supersedes the resync's change in the queue.
+func TestLiveChangeDuringAResyncIsQueuedAfterIt(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t", "alice"}, {"t", "bob"}})
+		online(t, st, "bob")
+		w := &wire{c: local("alice")} // holds bob online
+		v := away(t, st, "bob")       // missed: the resync sends it
+		var live chan struct{}
+		h.resyncDecided = func(string) {
+			h.resyncDecided = nil
+			live = make(chan struct{})
+			go func() {
+				defer close(live)
+				h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Online, v+1), Teams: []string{"t"}, Via: "t"})
+			}()
+			select {
+			case <-live:
+				w.write() // routed ahead of the resync's pushes: flushed
+			case <-time.After(200 * time.Millisecond):
+				// held back until the resync has queued the team's changes
+			}
+		}
+		h.resync(noFloor)
+		if live == nil {
+			t.Fatal("the resync decided nothing for t")
+		}
+		<-live
+		w.write()
+		if got, want := w.String(), fmt.Sprintf("[bob=online@%d]", v+1); got != want {
+			t.Fatalf("alice was sent %s, want %s: the resync's away superseded by the live online", got, want)
 		}
 	})
 }

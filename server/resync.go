@@ -88,6 +88,7 @@ func (h *hub) resync(floor func(string) uint64) {
 		if h.resyncLarge(team, truth, at) {
 			continue
 		}
+		h.routing.Lock()
 		h.mu.RLock()
 		members := h.byTeam[team]
 		var diff []resyncChange
@@ -95,6 +96,9 @@ func (h *hub) resync(floor func(string) uint64) {
 		if members != nil {
 			unseen = h.views.unseenOffline(team, truth)
 			diff = h.views.resync(team, truth, floor)
+		}
+		if h.resyncDecided != nil {
+			h.resyncDecided(team)
 		}
 		// Offline users new to the team's view are news to nobody, except
 		// to a connection that saw them before a removal and may hold
@@ -126,6 +130,7 @@ func (h *hub) resync(floor func(string) uint64) {
 			}
 		}
 		h.mu.RUnlock()
+		h.routing.Unlock()
 	}
 	h.srv.metrics.resyncDeliveries.Add(float64(sent))
 }

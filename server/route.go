@@ -28,6 +28,10 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 	if len(ev.Teams) > 1 || watched {
 		seen = make(map[*localUser]struct{})
 	}
+	if h.views != nil {
+		h.routing.RLock()
+		defer h.routing.RUnlock()
+	}
 	h.mu.RLock()
 	h.tallyChangeLocked(ev)
 	// Large teams' members reach only their watchers (routeWatchersLocked).
