@@ -118,3 +118,23 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	}
 	return mfs[0].GetMetric()[0].GetCounter().GetValue()
 }
+
+// The store's loops run from New on and report outcomes (the write-back
+// after a data loss, the retried disconnects), so the observer may be set
+// while they write: here, a connect stands in for them.
+func TestSetObserverWhileTheStoreRuns(t *testing.T) {
+	r := redistest.Start(t)
+	ctx := context.Background()
+	s, _ := mkResync(t, r.URL(), "a")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 20 { // reports an outcome, as the loops' writes do
+			must(t, s.Connect(ctx, presence.Conn{ID: fmt.Sprint("c", i), UserID: "bob", Device: "web"}))
+		}
+	}()
+	for range 20 {
+		s.SetObserver(&resyncRec{})
+	}
+	<-done
+}

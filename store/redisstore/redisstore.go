@@ -104,7 +104,8 @@ type Store struct {
 	log     *slog.Logger
 	m       *storeMetrics
 
-	obs store.Observer // set before use
+	// obs: set by SetObserver, read by the sweep, which runs from New on.
+	obs atomic.Pointer[store.Observer]
 	// handler: set by Subscribe, read by the subscriber and the health
 	// loop, which run from New on (a message can come before Subscribe).
 	handler atomic.Pointer[store.Handler]
@@ -351,7 +352,7 @@ func (s *Store) handlerOf() store.Handler {
 }
 
 // SetObserver implements store.Observable.
-func (s *Store) SetObserver(o store.Observer) { s.obs = o }
+func (s *Store) SetObserver(o store.Observer) { s.obs.Store(&o) }
 
 // Ping implements store.Pinger: not ready while Redis is unreachable, nor
 // until this node's connections are re-asserted after an outage.
@@ -700,8 +701,8 @@ func (s *Store) apply(ctx context.Context, op string, v any, start time.Time) er
 		s.publishChanges(ctx, out)
 	}
 	s.m.scriptLatency.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if s.obs != nil {
-		s.obs.ObserveOutcome(op, out.Outcome, time.Since(start))
+	if o := s.obs.Load(); o != nil {
+		(*o).ObserveOutcome(op, out.Outcome, time.Since(start))
 	}
 	return nil
 }
