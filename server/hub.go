@@ -39,14 +39,15 @@ type hub struct {
 	counts *counts  // large teams' counts and what viewers were told
 
 	// routing: a resync holds it while it decides a team's differences
-	// and queues them, live routing (OnPresence) shares it: a change routed
-	// after the resync read the team is queued behind what the resync
-	// queued, never flushed ahead of it (a connection would get the older
-	// version second). Taken before mu.
+	// and queues them, and a join's catch-up while it decides what to send
+	// and queues it; live routing (OnPresence) shares it. A change routed
+	// after they read the store is queued behind what they queued, never
+	// flushed ahead of it (a connection would get the older version
+	// second). Taken before mu; only with views (a shared store).
 	routing sync.RWMutex
-	// resyncDecided, when set (tests), runs between a resync's decision
-	// for a team and its pushes.
-	resyncDecided func(team string)
+	// beforePush, when set (tests), runs between such a decision for a
+	// team and its pushes.
+	beforePush func(team string)
 
 	mu     sync.RWMutex
 	users  map[string]*localUser

@@ -567,7 +567,8 @@ func (s *Server) answerWatch(ctx context.Context, c *client, w *protocol.Watch) 
 
 // resyncLarge is the resync of a large team (false if team is not one):
 // its counts are read again, and the watchers of its members are sent the
-// states newer than what was routed to them.
+// states newer than what was routed to them. The caller holds routing, as
+// for resync's other teams.
 func (h *hub) resyncLarge(team string, truth []presence.Presence, at time.Time) bool {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
@@ -575,7 +576,11 @@ func (h *hub) resyncLarge(team string, truth []presence.Presence, at time.Time) 
 		return false
 	}
 	h.reloadTally(team, truth)
-	sent := 0
+	type given struct {
+		ch protocol.Change
+		to []*client
+	}
+	var gives []given
 	for _, p := range truth {
 		ws := h.watch.take(p.UserID, p.Version)
 		if len(ws) == 0 {
@@ -583,13 +588,20 @@ func (h *hub) resyncLarge(team string, truth []presence.Presence, at time.Time) 
 		}
 		ch := wireChange(p.ChangeAt(p.Version, time.Time{}))
 		ch.At = at.UnixMilli()
-		for _, c := range ws {
+		gives = append(gives, given{ch, ws})
+	}
+	if h.beforePush != nil && len(gives) > 0 {
+		h.beforePush(team)
+	}
+	sent := 0
+	for _, g := range gives {
+		for _, c := range g.to {
 			lu := h.users[c.user]
-			if lu == nil || lu.id == p.UserID {
+			if lu == nil || lu.id == g.ch.UserID {
 				continue
 			}
 			if _, in := lu.teams[team]; in {
-				c.push(ch, true)
+				c.push(g.ch, true)
 				sent++
 			}
 		}

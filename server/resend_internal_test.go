@@ -213,26 +213,90 @@ func TestLiveChangeDuringAResyncIsQueuedAfterIt(t *testing.T) {
 		online(t, st, "bob")
 		w := &wire{c: local("alice")} // holds bob online
 		v := away(t, st, "bob")       // missed: the resync sends it
-		var live chan struct{}
-		h.resyncDecided = func(string) {
-			h.resyncDecided = nil
-			live = make(chan struct{})
-			go func() {
-				defer close(live)
-				h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Online, v+1), Teams: []string{"t"}, Via: "t"})
-			}()
-			select {
-			case <-live:
-				w.write() // routed ahead of the resync's pushes: flushed
-			case <-time.After(200 * time.Millisecond):
-				// held back until the resync has queued the team's changes
-			}
-		}
+		live := liveDuringPush(h, w, store.PresenceEvent{Change: change("bob", presence.Online, v+1), Teams: []string{"t"}, Via: "t"})
 		h.resync(noFloor)
-		if live == nil {
+		if *live == nil {
 			t.Fatal("the resync decided nothing for t")
 		}
-		<-live
+		<-*live
+		w.write()
+		if got, want := w.String(), fmt.Sprintf("[bob=online@%d]", v+1); got != want {
+			t.Fatalf("alice was sent %s, want %s: the resync's away superseded by the live online", got, want)
+		}
+	})
+}
+
+// The same for a join's catch-up: a change of a teammate routed live
+// between the catch-up's decision and its push reached the joiner first,
+// and the catch-up's older state second. Now the live change waits.
+func TestLiveChangeDuringAJoinCatchUpIsQueuedAfterIt(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"a", "alice"}, {"t", "bob"}})
+		v := online(t, st, "bob")
+		w := &wire{c: local("alice")}
+		addMembers(t, st, [2]string{"t", "alice"})
+		h.OnMembership(store.MembershipEvent{Team: "t", UserID: "alice", Joined: true, UserTeams: store.TeamList{"a", "t"}})
+		live := liveDuringPush(h, w, store.PresenceEvent{Change: change("bob", presence.Away, v+1), Teams: []string{"t"}, Via: "t"})
+		runJobs(ctx, h) // the wire is written once the live change is routed
+		if *live == nil {
+			t.Fatal("the catch-up decided nothing for t")
+		}
+		<-*live
+		w.write()
+		if got, want := w.String(), fmt.Sprintf("[bob=away@%d]", v+1); got != want {
+			t.Fatalf("alice was sent %s, want %s: the catch-up's online superseded by the live away", got, want)
+		}
+	})
+}
+
+// liveDuringPush routes ev live from the hub's next decision for a team
+// to its pushes (beforePush): before the routing lock, the change was
+// routed and written (w) ahead of them; now it waits for them. The channel
+// it returns closes once ev is routed.
+func liveDuringPush(h *hub, w *wire, ev store.PresenceEvent) *chan struct{} {
+	live := new(chan struct{})
+	h.beforePush = func(string) {
+		h.beforePush = nil
+		*live = make(chan struct{})
+		done := *live
+		go func() {
+			defer close(done)
+			h.OnPresence(ev)
+		}()
+		select {
+		case <-done:
+			w.write() // routed ahead of the pushes: flushed
+		case <-time.After(200 * time.Millisecond):
+			// held back until the pushes are queued
+		}
+	}
+	return live
+}
+
+// The same for a resync of a large team, whose members reach only their
+// watchers: a watched member's change routed live between the resync's
+// taking of a version and its push went out first.
+func TestLiveChangeDuringALargeTeamResyncIsQueuedAfterIt(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t", "alice"}, {"t", "bob"}, {"t", "carol"}})
+		h.srv.cfg.LargeTeam = 2
+		online(t, st, "bob")
+		w := &wire{c: local("alice")}
+		h.mu.RLock()
+		large := h.isLargeLocked("t")
+		h.mu.RUnlock()
+		if !large {
+			t.Fatal("t is not large")
+		}
+		h.watch.add(w.c, []string{"bob"})
+		v := away(t, st, "bob") // missed: the resync sends it
+		live := liveDuringPush(h, w, store.PresenceEvent{Change: change("bob", presence.Online, v+1), Teams: []string{"t"}, Via: "t"})
+		h.resync(noFloor)
+		if *live == nil {
+			t.Fatal("the resync sent t's watchers nothing")
+		}
+		<-*live
 		w.write()
 		if got, want := w.String(), fmt.Sprintf("[bob=online@%d]", v+1); got != want {
 			t.Fatalf("alice was sent %s, want %s: the resync's away superseded by the live online", got, want)

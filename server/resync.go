@@ -85,10 +85,11 @@ func (h *hub) resync(floor func(string) uint64) {
 		}
 		at := h.srv.cfg.Now()
 		now := at.UnixMilli()
+		h.routing.Lock()
 		if h.resyncLarge(team, truth, at) {
+			h.routing.Unlock()
 			continue
 		}
-		h.routing.Lock()
 		h.mu.RLock()
 		members := h.byTeam[team]
 		var diff []resyncChange
@@ -97,8 +98,8 @@ func (h *hub) resync(floor func(string) uint64) {
 			unseen = h.views.unseenOffline(team, truth)
 			diff = h.views.resync(team, truth, floor)
 		}
-		if h.resyncDecided != nil {
-			h.resyncDecided(team)
+		if h.beforePush != nil {
+			h.beforePush(team)
 		}
 		// Offline users new to the team's view are news to nobody, except
 		// to a connection that saw them before a removal and may hold

@@ -506,6 +506,10 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 		}
 	}
 	now := s.cfg.Now()
+	if h.views != nil {
+		h.routing.Lock()
+		defer h.routing.Unlock()
+	}
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	lu := h.users[ev.UserID]
@@ -552,6 +556,9 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 			lu.flight.note(ch.UserID, ch.Version)
 		}
 	}()
+	if h.beforePush != nil {
+		h.beforePush(ev.Team)
+	}
 	for _, c := range lu.conns {
 		if !ev.Joined {
 			for _, m := range fresh {

@@ -352,7 +352,13 @@ func (s *Store) handlerOf() store.Handler {
 }
 
 // SetObserver implements store.Observable.
-func (s *Store) SetObserver(o store.Observer) { s.obs.Store(&o) }
+func (s *Store) SetObserver(o store.Observer) {
+	if o == nil {
+		s.obs.Store(nil)
+		return
+	}
+	s.obs.Store(&o)
+}
 
 // Ping implements store.Pinger: not ready while Redis is unreachable, nor
 // until this node's connections are re-asserted after an outage.
