@@ -38,7 +38,8 @@ func benchFanout(b *testing.B, viewers int) {
 	srv, err := server.New(server.Config{
 		Addr: "127.0.0.1:0", Store: st, TTL: long, HeartbeatInterval: long / 2,
 		FlushDelay: time.Microsecond, RateLimit: 1e9, RateBurst: 1 << 30,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		LargeTeam: viewers + 1, // every viewer sees every change: no large team's watch
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		b.Fatal(err)
