@@ -214,7 +214,15 @@ func TestRestartEmptyTellsNothingFalse(t *testing.T) {
 	carol.expect(3*time.Second, "alice=online", "bob=online")
 
 	r.Stop()
-	time.Sleep(short.heartbeat) // the nodes notice
+	// The nodes notice before Redis comes back empty.
+	checkFor(t, 3*time.Second, func() error {
+		for _, n := range []*node{a, b} {
+			if code, _ := n.get("/readyz"); code != 503 {
+				return fmt.Errorf("%s readyz = %d while redis is down, want 503", n.name, code)
+			}
+		}
+		return nil
+	})
 	r.Restart()
 	a.join("t1", "alice", "bob", "carol") // membership back, as from AOF
 	// Past the hold-off (node ttl + 2 s) and a resync.
