@@ -215,14 +215,7 @@ func TestLiveChangeDuringAResyncIsQueuedAfterIt(t *testing.T) {
 		v := away(t, st, "bob")       // missed: the resync sends it
 		live := liveDuringPush(h, w, store.PresenceEvent{Change: change("bob", presence.Online, v+1), Teams: []string{"t"}, Via: "t"})
 		h.resync(noFloor)
-		if *live == nil {
-			t.Fatal("the resync decided nothing for t")
-		}
-		<-*live
-		w.write()
-		if got, want := w.String(), fmt.Sprintf("[bob=online@%d]", v+1); got != want {
-			t.Fatalf("alice was sent %s, want %s: the resync's away superseded by the live online", got, want)
-		}
+		live.want(t, "the resync decided nothing for t", fmt.Sprintf("[bob=online@%d]", v+1))
 	})
 }
 
@@ -239,27 +232,19 @@ func TestLiveChangeDuringAJoinCatchUpIsQueuedAfterIt(t *testing.T) {
 		h.OnMembership(store.MembershipEvent{Team: "t", UserID: "alice", Joined: true, UserTeams: store.TeamList{"a", "t"}})
 		live := liveDuringPush(h, w, store.PresenceEvent{Change: change("bob", presence.Away, v+1), Teams: []string{"t"}, Via: "t"})
 		runJobs(ctx, h) // the wire is written once the live change is routed
-		if *live == nil {
-			t.Fatal("the catch-up decided nothing for t")
-		}
-		<-*live
-		w.write()
-		if got, want := w.String(), fmt.Sprintf("[bob=away@%d]", v+1); got != want {
-			t.Fatalf("alice was sent %s, want %s: the catch-up's online superseded by the live away", got, want)
-		}
+		live.want(t, "the catch-up decided nothing for t", fmt.Sprintf("[bob=away@%d]", v+1))
 	})
 }
 
 // liveDuringPush routes ev live from the hub's next decision for a team
 // to its pushes (beforePush): before the routing lock, the change was
-// routed and written (w) ahead of them; now it waits for them. The channel
-// it returns closes once ev is routed.
-func liveDuringPush(h *hub, w *wire, ev store.PresenceEvent) *chan struct{} {
-	live := new(chan struct{})
+// routed and written (w) ahead of them; now it waits for them.
+func liveDuringPush(h *hub, w *wire, ev store.PresenceEvent) *livePush {
+	l := &livePush{w: w}
 	h.beforePush = func(string) {
 		h.beforePush = nil
-		*live = make(chan struct{})
-		done := *live
+		done := make(chan struct{})
+		l.done = done
 		go func() {
 			defer close(done)
 			h.OnPresence(ev)
@@ -271,7 +256,28 @@ func liveDuringPush(h *hub, w *wire, ev store.PresenceEvent) *chan struct{} {
 			// held back until the pushes are queued
 		}
 	}
-	return live
+	return l
+}
+
+// livePush is a change routed live by liveDuringPush.
+type livePush struct {
+	w    *wire
+	done chan struct{} // closed once routed; nil while nothing was decided
+}
+
+// want waits for the live change, writes the wire and checks that it holds
+// want alone: the older state queued first, superseded by the live change.
+// undecided is the failure when no decision ran.
+func (l *livePush) want(t *testing.T, undecided, want string) {
+	t.Helper()
+	if l.done == nil {
+		t.Fatal(undecided)
+	}
+	<-l.done
+	l.w.write()
+	if got := l.w.String(); got != want {
+		t.Fatalf("alice was sent %s, want %s: the older state superseded by the live change", got, want)
+	}
 }
 
 // The same for a resync of a large team, whose members reach only their
@@ -293,13 +299,6 @@ func TestLiveChangeDuringALargeTeamResyncIsQueuedAfterIt(t *testing.T) {
 		v := away(t, st, "bob") // missed: the resync sends it
 		live := liveDuringPush(h, w, store.PresenceEvent{Change: change("bob", presence.Online, v+1), Teams: []string{"t"}, Via: "t"})
 		h.resync(noFloor)
-		if *live == nil {
-			t.Fatal("the resync sent t's watchers nothing")
-		}
-		<-*live
-		w.write()
-		if got, want := w.String(), fmt.Sprintf("[bob=online@%d]", v+1); got != want {
-			t.Fatalf("alice was sent %s, want %s: the resync's away superseded by the live online", got, want)
-		}
+		live.want(t, "the resync sent t's watchers nothing", fmt.Sprintf("[bob=online@%d]", v+1))
 	})
 }

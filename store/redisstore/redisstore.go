@@ -104,7 +104,8 @@ type Store struct {
 	log     *slog.Logger
 	m       *storeMetrics
 
-	// obs: set by SetObserver, read by the sweep, which runs from New on.
+	// obs: set by SetObserver, read by every write, the store's own loops'
+	// among them (write-backs, retried ends), which run from New on.
 	obs atomic.Pointer[store.Observer]
 	// handler: set by Subscribe, read by the subscriber and the health
 	// loop, which run from New on (a message can come before Subscribe).
