@@ -66,6 +66,20 @@ type held struct {
 	unknown bool // it may hold a newer state routed since its read
 }
 
+// same reports whether a and b show a viewer the same: equal, or both
+// offline and differing only in the last seen. An offline after an offline
+// moves no dot: the viewer missed the online between (its write reached
+// Redis and its reply was lost, so nobody published it: chaos seed
+// 643529765), and sending it would have clients fire "went offline" twice.
+// Such a viewer keeps the older last seen until the next change or
+// snapshot.
+func same(a, b presence.Look) bool {
+	if a.State == presence.Offline && b.State == presence.Offline {
+		a.LastSeen = b.LastSeen
+	}
+	return a == b
+}
+
 // maxOdds bounds a view's exceptions; beyond them, every member is sent.
 const maxOdds = 64
 
@@ -96,11 +110,11 @@ func (o *odds) settled(look presence.Look) *odds {
 		return o
 	}
 	for c, h := range o.except {
-		if !h.unknown && h.look == o.base.look {
+		if !h.unknown && same(h.look, o.base.look) {
 			delete(o.except, c)
 		}
 	}
-	if len(o.except) == 0 && o.base.look == look {
+	if len(o.except) == 0 && same(o.base.look, look) {
 		return nil
 	}
 	return o
@@ -121,7 +135,7 @@ func (o *odds) differs(c *client, look presence.Look) bool {
 	case h == held{}:
 		return look.State != presence.Offline
 	}
-	return h.look != look
+	return !same(h.look, look)
 }
 
 // reach is to whom of a team's members a change goes.
@@ -182,7 +196,7 @@ func (v *views) route(teams []string, ch presence.Change, deliver []reach) {
 		case ch.Version > cur.version && cur.odd != nil:
 			deliver[i] = reachOf(cur.odd, next.look)
 		case ch.Version > cur.version:
-			deliver[i] = reach{all: !copied && cur.look != next.look}
+			deliver[i] = reach{all: !copied && !same(cur.look, next.look)}
 		case ch.Version == cur.version && cur.odd != nil:
 			// Members who read an older state catch up; version is the
 			// newest anyone holds, so after this they all agree.
@@ -243,7 +257,7 @@ func readLocked(m map[string]view, p presence.Presence, reader *client, others b
 		m[p.UserID] = nv
 		return
 	}
-	if look == cur.look && cur.odd == nil {
+	if same(look, cur.look) && cur.odd == nil {
 		cur.version = max(cur.version, p.Version)
 		m[p.UserID] = cur
 		return
@@ -322,7 +336,7 @@ func (v *views) adopt(team, from, subject string, others bool) {
 	if forgotten(src.version, look, cur.look) {
 		look.LastSeen = cur.look.LastSeen
 	}
-	if src.odd != nil || cur.odd != nil || look != cur.look {
+	if src.odd != nil || cur.odd != nil || !same(look, cur.look) {
 		cur.odd = unsure() // the joiner's connections hold what from's members do
 	}
 	if src.version > cur.version {
@@ -454,8 +468,8 @@ func (v *views) resync(team string, truth []presence.Presence, floor func(string
 		case t.Version >= cur.version && cur.odd != nil:
 			send(t, t.Version, reachOf(cur.odd, look))
 		case t.Version >= cur.version:
-			send(t, t.Version, reach{all: cur.look != look})
-		case cur.odd != nil || cur.look != look: // the store lost what they hold
+			send(t, t.Version, reach{all: !same(cur.look, look)})
+		case cur.odd != nil || !same(cur.look, look): // the store lost what they hold
 			t.Version = f
 			if cur.odd != nil {
 				send(t, f, reachOf(cur.odd, look))

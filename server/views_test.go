@@ -467,3 +467,55 @@ func TestViewsReadOfAnOfflineTheStoreLostIsNoDisagreement(t *testing.T) {
 		}
 	})
 }
+
+// Chaos seed 643529765 (one Redis, finding 14): a node cut off from Redis
+// re-asserted a device that had just dropped; the script landed as the
+// partition healed, its reply was lost, and the online it wrote was never
+// published. The offline that ended it came with a new last seen to
+// viewers who held the user offline already: "went offline" twice. An
+// offline after an offline moves no dot, whatever its last seen; a change
+// of the offline's status text still does.
+func TestViewsOfflineAfterOfflineIsNoNews(t *testing.T) {
+	at := func(ms int64) time.Time { return time.UnixMilli(ms) }
+	released := presence.Change{UserID: "u15", State: presence.Offline, Version: 7, LastSeen: at(573_000)}
+	ended := presence.Change{UserID: "u15", State: presence.Offline, Version: 9, LastSeen: at(580_100)}
+	t.Run("routed", func(t *testing.T) {
+		v := newViews()
+		v.routeOne("t", change("u15", presence.Online, 6))
+		if !v.routeOne("t", released) {
+			t.Fatal("the first offline must go out")
+		}
+		if v.routeOne("t", ended) {
+			t.Fatal("an offline after an offline went out: only its last seen differs")
+		}
+		texted := ended
+		texted.Version, texted.Text = 10, "on leave"
+		if !v.routeOne("t", texted) {
+			t.Fatal("a new status text on an offline user is news")
+		}
+	})
+	t.Run("members who disagree", func(t *testing.T) {
+		v := newViews()
+		v.routeOne("t", released)
+		x, y := &client{user: "x"}, &client{user: "y"}
+		x.noted.Store(true)
+		y.noted.Store(true)
+		v.readAll("t", []presence.Presence{seen("u15", presence.Online, 8)}, x, true)
+		d := []reach{{}}
+		v.route([]string{"t"}, ended, d)
+		if !d[0].to(x) {
+			t.Fatal("x read u15 online: the offline must reach it")
+		}
+		if d[0].to(y) {
+			t.Fatal("y held u15 offline: only the last seen differs, nothing to send")
+		}
+	})
+	t.Run("resynced", func(t *testing.T) {
+		v := newViews()
+		v.routeOne("t", released)
+		truth := []presence.Presence{{UserID: "u15", State: presence.Offline, Version: 9, LastSeen: at(580_100)}}
+		if diff := v.resync("t", truth, func(string) uint64 { return 100 }); len(diff) != 0 {
+			t.Fatalf("resync sent %v, want nothing: the members hold u15 offline", diff)
+		}
+	})
+}
