@@ -149,6 +149,7 @@ func (s *Store) reassertAll(ctx context.Context, all []assertion) error {
 	done := 0
 	for i, v := range replies {
 		if errs[i] != nil {
+			s.noteLostReply(errs[i])
 			_ = s.failed(store.OpConnect, errs[i])
 			if firstErr == nil && !isRedisReply(errs[i]) {
 				firstErr = errs[i]
@@ -335,6 +336,7 @@ func (s *Store) healthLoop() {
 	var notBefore time.Time // a failed recovery backs off, briefly
 	backoff := minRecoverBackoff
 	var resyncAt time.Time // a resync waits until then (zero: none waits)
+	var toldLost time.Time // the last tellLostReply
 	for {
 		select {
 		case <-s.stop:
@@ -375,8 +377,8 @@ func (s *Store) healthLoop() {
 					// asked for meanwhile.
 					resyncAt = time.Now().Add(s.cfg.HoldOff)
 					s.awaitingResync.Store(true)
-				} else {
-					s.resync()
+				} else if !s.mayTellLostReply(ctx, &toldLost) {
+					s.resync() // else the resync every node is told of
 				}
 			}
 		case !resyncAt.IsZero():
@@ -400,9 +402,32 @@ func (s *Store) healthLoop() {
 				s.resync()
 			}
 		}
+		if err == nil {
+			s.mayTellLostReply(ctx, &toldLost)
+		}
 		cancel()
 	}
 }
+
+// mayTellLostReply tells every node to resync (tellLostReply) if a reply
+// was lost and the last such tell was lostReplyEvery ago (told); it
+// reports whether it told. Not while Redis is unhealthy, nor while a data
+// loss's hold-off runs: a resync then would read the users not written
+// back yet as gone (its own resync follows).
+func (s *Store) mayTellLostReply(ctx context.Context, told *time.Time) bool {
+	if !s.healthy.Load() || s.awaitingResync.Load() || !s.replyLost.Load() || time.Since(*told) < lostReplyEvery {
+		return false
+	}
+	s.replyLost.Store(false)
+	*told = time.Now()
+	s.tellLostReply(ctx)
+	return true
+}
+
+// lostReplyEvery spaces the resyncs a node asks for after lost replies: a
+// Redis too slow to answer in time loses many, and a resync of every node
+// per lost reply would only add to its load.
+const lostReplyEvery = time.Second
 
 // reloadSlots has a cluster client read again which master serves which
 // slot (in the background). go-redis learns of a failover from a MOVED
@@ -446,6 +471,7 @@ func (s *Store) recover(ctx context.Context) error {
 		_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
 	}
 	if err != nil {
+		s.noteLostReply(err)
 		return err
 	}
 	// The subscriptions go-redis re-establishes after an outage ask for a

@@ -15,9 +15,11 @@ type storeMetrics struct {
 	sweeps        prometheus.Counter
 	reassertions  prometheus.Counter
 	crashesTold   prometheus.Counter
-	published     prometheus.Counter
-	errors        *prometheus.CounterVec
-	up            prometheus.Gauge
+	// lostRepliesTold: resyncs of every node asked for after lost replies.
+	lostRepliesTold prometheus.Counter
+	published       prometheus.Counter
+	errors          *prometheus.CounterVec
+	up              prometheus.Gauge
 }
 
 func newStoreMetrics() *storeMetrics {
@@ -38,6 +40,8 @@ func newStoreMetrics() *storeMetrics {
 			Name: "reassertions_total", Help: "Live connections written back into Redis after it lost them."}),
 		crashesTold: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "crashes_told_total", Help: "Crashed nodes (found dead, or this node's own earlier process) this node told every node to resync for."}),
+		lostRepliesTold: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "lost_replies_told_total", Help: "Times this node told every node to resync after writes whose reply was lost (they may have landed unpublished)."}),
 		published: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "published_total", Help: "Change messages published (one per team of the subject)."}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -53,5 +57,5 @@ var _ store.MetricsSource = (*Store)(nil)
 func (s *Store) Collectors() []prometheus.Collector {
 	m := s.m
 	return []prometheus.Collector{m.scriptLatency, m.pipelineSize, m.pubsubLag, m.sweeps,
-		m.reassertions, m.crashesTold, m.published, m.errors, m.up}
+		m.reassertions, m.crashesTold, m.lostRepliesTold, m.published, m.errors, m.up}
 }

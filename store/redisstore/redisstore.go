@@ -131,6 +131,10 @@ type Store struct {
 	// needResync: a subscription was re-established; the health check
 	// resyncs viewers.
 	needResync atomic.Bool
+	// replyLost: a write got no reply (a timeout, a connection lost on the
+	// way): it may have run in Redis with nobody publishing what it
+	// changed. Once Redis answers, the health check has every node resync.
+	replyLost atomic.Bool
 	// subsUnsure: a recovery could not confirm the subscriptions within
 	// subsSyncTimeout; the health check probes them again until it can.
 	subsUnsure atomic.Bool
@@ -455,6 +459,7 @@ func (s *Store) connectCall(c presence.Conn, lc localConn, assert bool) ([]strin
 // the connection and publishes what the script changed.
 func (s *Store) connected(ctx context.Context, c presence.Conn, lc localConn, assert bool, v any, err error, start time.Time) error {
 	if err != nil {
+		s.noteLostReply(err)
 		if !assert && !isRedisReply(err) {
 			// The script may have run: make sure no ghost stays behind.
 			s.endLater(pendingEnd{id: c.ID, user: c.UserID, node: c.Node, cause: presence.Closed})
@@ -496,6 +501,7 @@ func (s *Store) endInRedis(ctx context.Context, id, user, node string) {
 		s.sweepAtGraceEnd(shardOf(user))
 		_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
 	case !isRedisReply(err):
+		s.noteLostReply(err)
 		// Not ended: left to its deadline, the connection would keep its
 		// user online up to a ttl.
 		s.endLater(pendingEnd{id: id, user: user, node: node, cause: presence.Closed, known: true})
@@ -532,6 +538,7 @@ func (s *Store) SetStatus(ctx context.Context, connID string, active bool) error
 	}
 	v, err := run(ctx, s.rdb, s.sc.status, userKeys(lc.user), connID, lc.user, boolArg(active), s.ttlMS(), seq)
 	if err != nil {
+		s.noteLostReply(err)
 		err = scriptErr(err)
 		if errors.Is(err, ErrUnknownConn) {
 			return err
@@ -551,6 +558,7 @@ func (s *Store) SetUserStatus(ctx context.Context, user string, st presence.Stat
 	start := time.Now()
 	v, err := run(ctx, s.rdb, s.sc.userStatus, userKeys(user), user, int(st.Mode), st.Text, st.Emoji, unixMS(st.ExpiresAt))
 	if err != nil {
+		s.noteLostReply(err)
 		return s.failed(store.OpUserStatus, fmt.Errorf("redisstore: status: %w", scriptErr(err)))
 	}
 	if !st.ExpiresAt.IsZero() {
@@ -577,6 +585,7 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 		s.sweepAtGraceEnd(shardOf(lc.user))
 	}
 	if err != nil {
+		s.noteLostReply(err)
 		if !isRedisReply(err) {
 			s.endLater(pendingEnd{id: connID, user: lc.user, node: lc.node, cause: cause, known: true})
 		}
@@ -737,6 +746,26 @@ func lostContact(err error) bool {
 	return !(errors.As(err, &ne) && ne.Timeout())
 }
 
+// noteLostReply marks that a write's reply may be lost: err is neither
+// Redis's answer (a refusal that ran nothing, such as CLUSTERDOWN, is one)
+// nor a failure to connect or to get a connection, which sent nothing. The
+// write may have landed, here or when a held connection delivers it, and
+// what it changed was published by nobody: a status change stays unseen,
+// an online written and never shown is followed by an offline (chaos seed
+// 643529765). Retrying the write does not help: it finds nothing to change.
+// Once Redis answers, the health check has every node resync
+// (tellLostReply).
+func (s *Store) noteLostReply(err error) {
+	var re redis.Error
+	var oe *net.OpError
+	switch {
+	case err == nil, errors.As(err, &re), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrClosed):
+	case errors.As(err, &oe) && oe.Op == "dial":
+	default:
+		s.replyLost.Store(true)
+	}
+}
+
 // pendingEnd is a connection to end in Redis again: its disconnect (or its
 // failed connect) may or may not have reached Redis.
 type pendingEnd struct {
@@ -769,9 +798,11 @@ func (s *Store) retryEnds(ctx context.Context) {
 			_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
 		case isRedisReply(err): // unknown: nothing left to end
 		case e.tries < 20:
+			s.noteLostReply(err)
 			e.tries++
 			s.endLater(e)
 		default:
+			s.noteLostReply(err)
 			s.healthy.Store(false)
 		}
 	}

@@ -152,6 +152,7 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 	for i, v := range replies {
 		sh := shards[i]
 		if errs[i] != nil {
+			s.noteLostReply(errs[i])
 			err = cmp.Or(err, errs[i])
 			continue
 		}
@@ -233,8 +234,8 @@ func (s *Store) forget(ctx context.Context) error {
 	return nil
 }
 
-// deadMsg, on the membership channel, tells every node that a node was
-// found dead.
+// deadMsg, on the membership channel, tells every node to resync: a node
+// was found dead, or a node lost a write's reply (tellLostReply).
 const deadMsg = `{"k":"dead"}`
 
 // tellNodeDead has every live node resync its viewers, this one too: a node
@@ -248,6 +249,17 @@ const deadMsg = `{"k":"dead"}`
 // send only what differs.
 func (s *Store) tellNodeDead(ctx context.Context) {
 	s.m.crashesTold.Inc()
+	s.needResync.Store(true)
+	s.publish(ctx, []pubMsg{{membershipChannel, []byte(deadMsg)}})
+}
+
+// tellLostReply has every node resync, this one too, after this node lost
+// the reply of a write that may have landed (noteLostReply): like a crash
+// between a script and its publish, nothing else would send what it
+// changed. The resyncs send only what differs from what viewers hold.
+func (s *Store) tellLostReply(ctx context.Context) {
+	s.m.lostRepliesTold.Inc()
+	s.log.Info("a write's reply was lost: every node resyncs")
 	s.needResync.Store(true)
 	s.publish(ctx, []pubMsg{{membershipChannel, []byte(deadMsg)}})
 }

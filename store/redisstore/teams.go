@@ -167,6 +167,7 @@ func (s *Store) membership(ctx context.Context, team, user string, join bool) er
 		teamChanged = toInt(t)
 	}
 	if err != nil {
+		s.noteLostReply(err)
 		return s.failed(store.OpMembership, fmt.Errorf("redisstore: %s: %w", what, errors.Join(ErrUnavailable, err)))
 	}
 	// Published when either side changed, so a retry after a half-done
