@@ -197,6 +197,81 @@ func TestLostReplyMakesEveryNodeResync(t *testing.T) {
 	}
 }
 
+// statusRec records the statuses a node is told of, for the user's own
+// connections.
+type statusRec struct {
+	resyncRec
+	smu      sync.Mutex
+	statuses []presence.StatusChange
+}
+
+func (r *statusRec) OnStatus(ev presence.StatusChange) {
+	r.smu.Lock()
+	r.statuses = append(r.statuses, ev)
+	r.smu.Unlock()
+}
+
+func (r *statusRec) modeOf(user string) (presence.Mode, bool) {
+	r.smu.Lock()
+	defer r.smu.Unlock()
+	for i := len(r.statuses) - 1; i >= 0; i-- {
+		if r.statuses[i].UserID == user {
+			return r.statuses[i].Status.Mode, true
+		}
+	}
+	return 0, false
+}
+
+// A status write whose reply is lost landed, and a retry finds it set and
+// publishes nothing: the user's devices on other nodes would never get
+// their my_status (a resync tells viewers, not a user's own devices). It
+// is sent again once Redis answers.
+func TestLostStatusReplyReachesTheUsersDevices(t *testing.T) {
+	r := redistest.Start(t)
+	px := newReplyProxy(t, r.Addr())
+	ctx := context.Background()
+	a, _ := mkResync(t, px.url(), "a")
+	b, err := New(ctx, Config{URL: r.URL(), Node: "b", TTL: 5 * time.Second, Grace: time.Second,
+		NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond, Logger: logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	hb := &statusRec{}
+	b.Subscribe(hb)
+	must(t, a.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	// The script loaded and idle connections in a's pool, as above.
+	must(t, a.SetUserStatus(ctx, "bob", presence.Status{Mode: presence.ModeAuto, Text: "here"}))
+	testwait.For(t, 5*time.Second, func() error {
+		if _, ok := hb.modeOf("bob"); !ok {
+			return fmt.Errorf("b heard no status of bob yet")
+		}
+		return nil
+	})
+	var warm sync.WaitGroup
+	for range 8 {
+		warm.Go(func() { must(t, a.rdb.Ping(ctx).Err()) })
+	}
+	warm.Wait()
+
+	px.hold()
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = a.SetUserStatus(wctx, "bob", presence.Status{Mode: presence.ModeDND})
+	cancel()
+	if err == nil {
+		t.Fatal("the status write answered while its reply was held")
+	}
+	px.release()
+	// What a retry of the write does: nothing to change, nothing published.
+	must(t, a.SetUserStatus(ctx, "bob", presence.Status{Mode: presence.ModeDND}))
+	testwait.For(t, 10*time.Second, func() error {
+		if m, _ := hb.modeOf("bob"); m != presence.ModeDND {
+			return fmt.Errorf("b holds bob's mode %v, want dnd", m)
+		}
+		return nil
+	})
+}
+
 // An error that is Redis's own answer ran the script to its end, or ran
 // nothing (CLUSTERDOWN and the like), and a refused connection sent
 // nothing: no reply is lost, and nobody resyncs for them. A timeout may

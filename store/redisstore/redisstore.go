@@ -117,6 +117,9 @@ type Store struct {
 	beats       backlog[heard]      // heartbeats, written in batches by flushLoop
 	ends        backlog[pendingEnd] // ends to make again, by flushLoop
 	unpublished backlog[pubMsg]     // changes whose publish failed, retried by flushLoop
+	// statusesLost: users whose status write lost its reply; their status
+	// is sent again with the resync told of (restateStatuses).
+	statusesLost backlog[string]
 
 	subs *subscriber
 	wh   map[string]*whQueue // by consumer group; nil: webhooks off
@@ -558,7 +561,11 @@ func (s *Store) SetUserStatus(ctx context.Context, user string, st presence.Stat
 	start := time.Now()
 	v, err := run(ctx, s.rdb, s.sc.userStatus, userKeys(user), user, int(st.Mode), st.Text, st.Emoji, unixMS(st.ExpiresAt))
 	if err != nil {
-		s.noteLostReply(err)
+		if s.noteLostReply(err) {
+			// A retry finds the status set and publishes nothing: the
+			// user's own devices would never get it.
+			s.statusesLost.addDroppingOldest(maxStatusesLost, user)
+		}
 		return s.failed(store.OpUserStatus, fmt.Errorf("redisstore: status: %w", scriptErr(err)))
 	}
 	if !st.ExpiresAt.IsZero() {
@@ -755,15 +762,18 @@ func lostContact(err error) bool {
 // 643529765). Retrying the write does not help: it finds nothing to change.
 // Once Redis answers, the health check has every node resync
 // (tellLostReply).
-func (s *Store) noteLostReply(err error) {
+// It reports whether it took err for a lost reply.
+func (s *Store) noteLostReply(err error) bool {
 	var re redis.Error
 	var oe *net.OpError
 	switch {
 	case err == nil, errors.As(err, &re), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrClosed):
+		return false
 	case errors.As(err, &oe) && oe.Op == "dial":
-	default:
-		s.replyLost.Store(true)
+		return false
 	}
+	s.replyLost.Store(true)
+	return true
 }
 
 // pendingEnd is a connection to end in Redis again: its disconnect (or its
