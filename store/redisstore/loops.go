@@ -348,6 +348,7 @@ func (s *Store) healthLoop() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		err := s.rdb.Ping(ctx).Err()
+		recovered := false // recovery resynced this node's viewers just now
 		switch {
 		case err != nil:
 			if s.healthy.Swap(false) {
@@ -377,9 +378,10 @@ func (s *Store) healthLoop() {
 					// asked for meanwhile.
 					resyncAt = time.Now().Add(s.cfg.HoldOff)
 					s.awaitingResync.Store(true)
-				} else if !s.mayTellLostReply(ctx, &toldLost) {
-					s.resync() // else the resync every node is told of
+				} else {
+					s.resync()
 				}
+				recovered = true
 			}
 		case !resyncAt.IsZero():
 			s.m.up.Set(1)
@@ -402,10 +404,10 @@ func (s *Store) healthLoop() {
 				s.resync()
 			}
 		}
-		if err == nil {
-			s.mayTellLostReply(ctx, &toldLost)
-		}
 		cancel()
+		if err == nil && s.mayTellLostReply(&toldLost) && !recovered {
+			s.needResync.Store(true) // this node's own viewers too
+		}
 	}
 }
 
@@ -414,12 +416,15 @@ func (s *Store) healthLoop() {
 // reports whether it told. Not while Redis is unhealthy, nor while a data
 // loss's hold-off runs: a resync then would read the users not written
 // back yet as gone (its own resync follows).
-func (s *Store) mayTellLostReply(ctx context.Context, told *time.Time) bool {
+func (s *Store) mayTellLostReply(told *time.Time) bool {
 	if !s.healthy.Load() || s.awaitingResync.Load() || !s.replyLost.Load() || time.Since(*told) < lostReplyEvery {
 		return false
 	}
 	s.replyLost.Store(false)
 	*told = time.Now()
+	// Its own deadline: the health check's may be spent by a recovery.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	s.tellLostReply(ctx)
 	return true
 }

@@ -453,8 +453,13 @@ func (sb *subscriber) dispatch(msg *redis.Message) {
 	if h == nil {
 		return
 	}
-	if msg.Channel == membershipChannel && msg.Payload == deadMsg {
-		sb.s.needResync.Store(true) // sweep.go, tellNodeDead
+	if msg.Channel == membershipChannel && strings.HasPrefix(msg.Payload, `{"k":"dead"`) {
+		// sweep.go, tellNodeDead and tellLostReply; the node that told
+		// resyncs by itself.
+		var m deadMsg
+		if err := json.Unmarshal([]byte(msg.Payload), &m); err != nil || m.Node != sb.s.cfg.Node {
+			sb.s.needResync.Store(true)
+		}
 		return
 	}
 	if msg.Channel == membershipChannel && strings.HasPrefix(msg.Payload, `{"k":"status"`) {

@@ -393,6 +393,11 @@ func (s *Store) Close() error {
 	s.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	if s.replyLost.Load() {
+		// Not told yet (the health check spaces its tells): a node that
+		// stops cleanly leaves nothing unpublished, as far as it can.
+		s.tellLostReply(ctx)
+	}
 	s.flushHeartbeats(ctx)
 	s.beat(ctx, true)
 	s.releaseChannelCounts(ctx)
@@ -561,10 +566,12 @@ func (s *Store) SetUserStatus(ctx context.Context, user string, st presence.Stat
 	start := time.Now()
 	v, err := run(ctx, s.rdb, s.sc.userStatus, userKeys(user), user, int(st.Mode), st.Text, st.Emoji, unixMS(st.ExpiresAt))
 	if err != nil {
-		if s.noteLostReply(err) {
+		if replyLost(err) {
 			// A retry finds the status set and publishes nothing: the
-			// user's own devices would never get it.
+			// user's own devices would never get it. Listed before the
+			// flag is set, so the tell it causes sends it.
 			s.statusesLost.addDroppingOldest(maxStatusesLost, user)
+			s.replyLost.Store(true)
 		}
 		return s.failed(store.OpUserStatus, fmt.Errorf("redisstore: status: %w", scriptErr(err)))
 	}
@@ -762,18 +769,30 @@ func lostContact(err error) bool {
 // 643529765). Retrying the write does not help: it finds nothing to change.
 // Once Redis answers, the health check has every node resync
 // (tellLostReply).
-// It reports whether it took err for a lost reply.
-func (s *Store) noteLostReply(err error) bool {
+func (s *Store) noteLostReply(err error) {
+	if replyLost(err) {
+		s.replyLost.Store(true)
+	}
+}
+
+// replyLost reports whether a write that failed with err may have run in
+// Redis. A timeout after the write left is a read's *net.OpError (the
+// context's deadline set on the socket); a bare context error is go-redis
+// giving up while waiting for a connection, which sent nothing, and so is
+// a failed dial.
+func replyLost(err error) bool {
 	var re redis.Error
 	var oe *net.OpError
 	switch {
-	case err == nil, errors.As(err, &re), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrClosed):
+	case err == nil, errors.As(err, &re), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted),
+		errors.Is(err, redis.ErrClosed):
 		return false
-	case errors.As(err, &oe) && oe.Op == "dial":
+	case errors.As(err, &oe):
+		return oe.Op != "dial"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return false
 	}
-	s.replyLost.Store(true)
-	return true
+	return true // a connection closed under the call (EOF), and the like
 }
 
 // pendingEnd is a connection to end in Redis again: its disconnect (or its

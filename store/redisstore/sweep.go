@@ -3,6 +3,7 @@ package redisstore
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"sync"
@@ -236,8 +237,18 @@ func (s *Store) forget(ctx context.Context) error {
 }
 
 // deadMsg, on the membership channel, tells every node to resync: a node
-// was found dead, or a node lost a write's reply (tellLostReply).
-const deadMsg = `{"k":"dead"}`
+// was found dead, or a node lost a write's reply (tellLostReply). It names
+// the node that tells (n), which resyncs its own viewers itself.
+type deadMsg struct {
+	Kind string `json:"k"` // "dead"
+	Node string `json:"n,omitempty"`
+}
+
+// deadPayload is this node's deadMsg.
+func (s *Store) deadPayload() []byte {
+	b, _ := json.Marshal(deadMsg{Kind: "dead", Node: s.cfg.Node})
+	return b
+}
 
 // tellNodeDead has every live node resync its viewers, this one too: a node
 // killed between a script and its publish took the change with it (chaos
@@ -251,18 +262,18 @@ const deadMsg = `{"k":"dead"}`
 func (s *Store) tellNodeDead(ctx context.Context) {
 	s.m.crashesTold.Inc()
 	s.needResync.Store(true)
-	s.publish(ctx, []pubMsg{{membershipChannel, []byte(deadMsg)}})
+	s.publish(ctx, []pubMsg{{membershipChannel, s.deadPayload()}})
 }
 
-// tellLostReply has every node resync, this one too, after this node lost
-// the reply of a write that may have landed (noteLostReply): like a crash
-// between a script and its publish, nothing else would send what it
-// changed. The resyncs send only what differs from what viewers hold.
+// tellLostReply has every other node resync after this node lost the reply
+// of a write that may have landed (noteLostReply): like a crash between a
+// script and its publish, nothing else would send what it changed. The
+// resyncs send only what differs from what viewers hold. The caller sees
+// to this node's own resync.
 func (s *Store) tellLostReply(ctx context.Context) {
 	s.m.lostRepliesTold.Inc()
 	s.log.Info("a write's reply was lost: every node resyncs")
-	s.needResync.Store(true)
-	s.publish(ctx, []pubMsg{{membershipChannel, []byte(deadMsg)}})
+	s.publish(ctx, []pubMsg{{membershipChannel, s.deadPayload()}})
 	s.restateStatuses(ctx)
 }
 
