@@ -411,29 +411,6 @@ func (s *Store) healthLoop() {
 	}
 }
 
-// mayTellLostReply tells every node to resync (tellLostReply) if a reply
-// was lost and the last such tell was lostReplyEvery ago (told); it
-// reports whether it told. Not while Redis is unhealthy, nor while a data
-// loss's hold-off runs: a resync then would read the users not written
-// back yet as gone (its own resync follows).
-func (s *Store) mayTellLostReply(told *time.Time) bool {
-	if !s.healthy.Load() || s.awaitingResync.Load() || !s.replyLost.Load() || time.Since(*told) < lostReplyEvery {
-		return false
-	}
-	s.replyLost.Store(false)
-	*told = time.Now()
-	// Its own deadline: the health check's may be spent by a recovery.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	s.tellLostReply(ctx)
-	return true
-}
-
-// lostReplyEvery spaces the resyncs a node asks for after lost replies: a
-// Redis too slow to answer in time loses many, and a resync of every node
-// per lost reply would only add to its load.
-const lostReplyEvery = time.Second
-
 // reloadSlots has a cluster client read again which master serves which
 // slot (in the background). go-redis learns of a failover from a MOVED
 // reply or its reload every minute; a master that died answers nothing, so

@@ -760,41 +760,6 @@ func lostContact(err error) bool {
 	return !(errors.As(err, &ne) && ne.Timeout())
 }
 
-// noteLostReply marks that a write's reply may be lost: err is neither
-// Redis's answer (a refusal that ran nothing, such as CLUSTERDOWN, is one)
-// nor a failure to connect or to get a connection, which sent nothing. The
-// write may have landed, here or when a held connection delivers it, and
-// what it changed was published by nobody: a status change stays unseen,
-// an online written and never shown is followed by an offline (chaos seed
-// 643529765). Retrying the write does not help: it finds nothing to change.
-// Once Redis answers, the health check has every node resync
-// (tellLostReply).
-func (s *Store) noteLostReply(err error) {
-	if replyLost(err) {
-		s.replyLost.Store(true)
-	}
-}
-
-// replyLost reports whether a write that failed with err may have run in
-// Redis. A timeout after the write left is a read's *net.OpError (the
-// context's deadline set on the socket); a bare context error is go-redis
-// giving up while waiting for a connection, which sent nothing, and so is
-// a failed dial.
-func replyLost(err error) bool {
-	var re redis.Error
-	var oe *net.OpError
-	switch {
-	case err == nil, errors.As(err, &re), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted),
-		errors.Is(err, redis.ErrClosed):
-		return false
-	case errors.As(err, &oe):
-		return oe.Op != "dial"
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return false
-	}
-	return true // a connection closed under the call (EOF), and the like
-}
-
 // pendingEnd is a connection to end in Redis again: its disconnect (or its
 // failed connect) may or may not have reached Redis.
 type pendingEnd struct {

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
 )
 
@@ -263,45 +262,6 @@ func (s *Store) tellNodeDead(ctx context.Context) {
 	s.m.crashesTold.Inc()
 	s.needResync.Store(true)
 	s.publish(ctx, []pubMsg{{membershipChannel, s.deadPayload()}})
-}
-
-// tellLostReply has every other node resync after this node lost the reply
-// of a write that may have landed (noteLostReply): like a crash between a
-// script and its publish, nothing else would send what it changed. The
-// resyncs send only what differs from what viewers hold. The caller sees
-// to this node's own resync.
-func (s *Store) tellLostReply(ctx context.Context) {
-	s.m.lostRepliesTold.Inc()
-	s.log.Info("a write's reply was lost: every node resyncs")
-	s.publish(ctx, []pubMsg{{membershipChannel, s.deadPayload()}})
-	s.restateStatuses(ctx)
-}
-
-// maxStatusesLost bounds the users whose status is to be sent again; past
-// it the oldest go unsent (their viewers still get the resync).
-const maxStatusesLost = 10000
-
-// restateStatuses sends every node the status of each user whose status
-// write lost its reply, for the user's own connections: a resync tells
-// viewers what they see, not a user's devices their own status. It is sent
-// at the user's version now, which only a device holding an older one
-// takes.
-func (s *Store) restateStatuses(ctx context.Context) {
-	users := dedupe(s.statusesLost.take())
-	if len(users) == 0 {
-		return
-	}
-	ps, err := s.Presence(ctx, users)
-	if err != nil {
-		s.statusesLost.addDroppingOldest(maxStatusesLost, users...)
-		s.replyLost.Store(true) // tried again at the next tell
-		return
-	}
-	sts := make([]presence.StatusChange, len(ps))
-	for i, p := range ps {
-		sts[i] = presence.StatusChange{UserID: p.UserID, Version: p.Version, Status: p.Status}
-	}
-	s.publishStatuses(ctx, sts)
 }
 
 // crashes is the crashed nodes this node told of lately, each as "node
