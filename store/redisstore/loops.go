@@ -396,18 +396,31 @@ func (s *Store) healthLoop() {
 			if s.subsUnsure.Load() {
 				// What the unconfirmed subscriptions carried may be lost.
 				if s.syncSubs(ctx) == nil {
-					s.resync()
+					s.resyncUnlessLost(ctx)
 				}
 				break
 			}
 			if s.needResync.Swap(false) {
-				s.resync()
+				s.resyncUnlessLost(ctx)
 			}
 		}
 		cancel()
 		if err == nil && s.mayTellLostReply(&toldLost) && !recovered {
 			s.needResync.Store(true) // this node's own viewers too
 		}
+	}
+}
+
+// resyncUnlessLost resyncs unless a beat finds that Redis lost this node:
+// go-redis subscribes again by itself after an outage shorter than a
+// health check's tick, which this loop never saw fail, and the resync
+// that asks for would read an emptied Redis before anyone wrote back
+// (a recovery follows instead, whose resync waits out the hold-off:
+// TestOutageEndsInOneResync, two busy loops beside it, resynced twice).
+func (s *Store) resyncUnlessLost(ctx context.Context) {
+	s.beat(ctx, false)
+	if s.healthy.Load() {
+		s.resync()
 	}
 }
 
