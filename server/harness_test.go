@@ -131,6 +131,7 @@ type wsClient struct {
 	frames  chan frame // closed when the reader stops
 	closeMu sync.Mutex
 	closeSt websocket.StatusCode
+	readErr error // why the read loop ended
 	done    chan struct{}
 	cancel  context.CancelFunc
 	welcome frame
@@ -199,6 +200,7 @@ func (c *wsClient) readLoop(ctx context.Context) {
 		if err != nil {
 			c.closeMu.Lock()
 			c.closeSt = websocket.CloseStatus(err)
+			c.readErr = err
 			c.closeMu.Unlock()
 			return
 		}
@@ -240,7 +242,16 @@ func (c *wsClient) send(v any) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := c.conn.Write(ctx, websocket.MessageText, data); err != nil {
-		c.t.Fatalf("%s: write: %v", c.name, err)
+		// Why the connection ended shows on its read side: the server's
+		// close frame, if it sent one.
+		select {
+		case <-c.done:
+		case <-time.After(2 * time.Second):
+		}
+		c.closeMu.Lock()
+		readErr := c.readErr
+		c.closeMu.Unlock()
+		c.t.Fatalf("%s: write: %v (reading: %v)", c.name, err, readErr)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,29 +19,51 @@ import (
 
 // roundTrips counts the commands and pipelines sent with a context marked
 // by counted (the store's own loops use the client meanwhile): one round
-// trip each, on one server.
-type roundTrips struct{ n atomic.Int64 }
+// trip each, on one server. It keeps what each was, for a failure to show.
+type roundTrips struct {
+	n     atomic.Int64
+	mu    sync.Mutex
+	trips []string // guarded by mu
+}
 
 type countedKey struct{}
 
 func counted(ctx context.Context) context.Context { return context.WithValue(ctx, countedKey{}, true) }
 
-func (r *roundTrips) count(ctx context.Context) {
-	if ctx.Value(countedKey{}) != nil {
-		r.n.Add(1)
+func (r *roundTrips) count(ctx context.Context, cmds ...redis.Cmder) {
+	if ctx.Value(countedKey{}) == nil || len(cmds) == 0 {
+		return
 	}
+	r.n.Add(1)
+	what := fmt.Sprint(cmds[0].Args()[0])
+	if len(cmds) > 1 {
+		what = fmt.Sprintf("pipeline of %d, first %v", len(cmds), cmds[0].Args()[0])
+	}
+	if len(cmds[0].Args()) > 1 {
+		what += fmt.Sprint(" ", cmds[0].Args()[1])
+	}
+	r.mu.Lock()
+	r.trips = append(r.trips, what)
+	r.mu.Unlock()
+}
+
+// String lists the round trips counted.
+func (r *roundTrips) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.trips, "; ")
 }
 
 func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.count(ctx)
+		r.count(ctx, cmd)
 		return next(ctx, cmd)
 	}
 }
 func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.count(ctx)
+		r.count(ctx, cmds...)
 		return next(ctx, cmds)
 	}
 }

@@ -53,6 +53,6 @@ func TestMissingHeartbeatsReassertInOnePipeline(t *testing.T) {
 	// The heartbeats' pipeline and the re-assertions' (each may be sent
 	// twice if Redis lost the script).
 	if got > 4 {
-		t.Fatalf("re-asserting %d missing connections took %d round trips; want the heartbeats' pipeline and one more", n, got)
+		t.Fatalf("re-asserting %d missing connections took %d round trips (%v); want the heartbeats' pipeline and one more", n, got, trips)
 	}
 }
