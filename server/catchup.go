@@ -14,7 +14,7 @@ import "sync"
 // run) and those they left whose reconcile has not run yet. The store's
 // list of their teams will not do: it may hold a team joined since, whose
 // catch-up will take this one for the team that showed the members
-// (finding 8 of docs/reliability.md).
+// (finding 8 of docs/reliability-findings.md).
 //
 // Guarded by the hub's mu, but sent.
 type catchUps struct {

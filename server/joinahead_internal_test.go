@@ -9,7 +9,7 @@ import (
 	"github.com/greendot/greendot/store"
 )
 
-// Finding 11 of docs/reliability.md: a joiner's catch-up running ahead of
+// Finding 11 of docs/reliability-findings.md: a joiner's catch-up running ahead of
 // a teammate's join of another team the joiner is in (catchUpHub and its
 // helpers: joincatchup_internal_test.go).
 

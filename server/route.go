@@ -144,7 +144,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	// With a shared store, a small team counts once its members were given
 	// the subject (its view holds them): the event may list a team joined
 	// since, whose own event will take this team for the one that showed
-	// the subject (finding 8 of docs/reliability.md).
+	// the subject (finding 8 of docs/reliability-findings.md).
 	sharesOther := func(lu *localUser, watches bool) bool {
 		for t := range lu.teams {
 			if t == ev.Team || !st.in[t] {
