@@ -55,6 +55,9 @@ type admission struct {
 type admitted struct {
 	ip     string
 	authed bool
+	// The two steps that race to set and clear the socket's read deadline
+	// (see added).
+	added, upgraded bool
 }
 
 func newAdmission(maxPerIP int) *admission {
@@ -124,6 +127,42 @@ func (a *admission) authenticated(c *nbio.Conn) {
 		ad.authed = true
 		a.uncountLocked(ad.ip)
 	}
+}
+
+// nbio's AddConnNonTLSNonBlocking puts a socket on its poller and only
+// then sets its read deadline, the handshake timeout. The request may be in
+// the socket already: the poller can read it and a worker accept its
+// upgrade in between, the upgrader clearing the deadline before nbio sets
+// it. The WebSocket was then closed with "read timeout" a handshake
+// timeout after it connected (under load: a subject of
+// TestSlowReaderIsDisconnectedWithoutHoldingOthers got "broken pipe").
+// Each side notes its step here, under the lock; the second one clears the
+// deadline again.
+
+// added is take's, once the engine holds c: it reports whether c's upgrade
+// came first, leaving take to clear the deadline nbio has just set.
+func (a *admission) added(c *nbio.Conn) (upgradedFirst bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ad := a.conns[c]
+	if ad == nil {
+		return false // closed already
+	}
+	ad.added = true
+	return ad.upgraded
+}
+
+// upgraded is the upgrade's: it reports whether the engine held c already,
+// and so may have set the deadline after the upgrader cleared it.
+func (a *admission) upgraded(c *nbio.Conn) (addedFirst bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ad := a.conns[c]
+	if ad == nil {
+		return false
+	}
+	ad.upgraded = true
+	return ad.added
 }
 
 // closed forgets c; calling it again does nothing.

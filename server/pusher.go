@@ -121,6 +121,7 @@ func (s *Server) handleApp(w http.ResponseWriter, r *http.Request) {
 		closeAfterResponse(w)
 		return
 	}
+	s.upgradedSocket(ws)
 	now := s.cfg.Now()
 	c := &client{srv: s, ws: ws, id: randomID(8), device: pxDevice}
 	c.lastFrame.Store(now.UnixNano())

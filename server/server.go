@@ -120,10 +120,12 @@ type Server struct {
 	userMu      sync.Mutex
 	userPending map[string]int
 	engine      *nbhttp.Engine
-	pool        *workPool
-	live        *livenessWheel
-	ln          net.Listener
-	addr        string
+	// addConn hands an accepted socket to engine (a test makes it slow).
+	addConn func(c *nbhttp.Conn, decrease func())
+	pool    *workPool
+	live    *livenessWheel
+	ln      net.Listener
+	addr    string
 
 	refusedLog throttledLog
 	adm        *admission
@@ -245,6 +247,7 @@ func New(cfg Config) (*Server, error) {
 	s.upgrader = s.newUpgrader()
 	s.live = newLivenessWheel(s)
 	s.connecting = make(chan struct{}, cfg.MaxConnecting)
+	s.addConn = func(c *nbhttp.Conn, decrease func()) { s.engine.AddConnNonTLSNonBlocking(c, nil, decrease) } // engine: made by Start
 	return s, nil
 }
 
@@ -385,7 +388,19 @@ func (s *Server) take(c net.Conn) {
 	s.adm.track(nc, ip)
 	hc := &nbhttp.Conn{Conn: nc}
 	handover() // after every write the poller will read
-	s.engine.AddConnNonTLSNonBlocking(hc, nil, func() { s.adm.closed(nc) })
+	s.addConn(hc, func() { s.adm.closed(nc) })
+	if s.adm.added(nc) {
+		_ = nc.SetReadDeadline(time.Time{}) // see admission.added
+	}
+}
+
+// upgradedSocket is the handlers', right after an accepted upgrade: it
+// clears the read deadline that nbio's accept may have set after the
+// upgrader cleared it (see admission.added).
+func (s *Server) upgradedSocket(ws *websocket.Conn) {
+	if nbc := nbioConn(ws); nbc != nil && s.adm.upgraded(nbc) {
+		_ = nbc.SetReadDeadline(time.Time{})
+	}
 }
 
 // Addr is the address the server listens on, with the real port.

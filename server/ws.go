@@ -151,6 +151,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		return // the upgrader has answered
 	}
 	upgraded = true
+	s.upgradedSocket(ws)
 	if nbc := nbioConn(ws); nbc != nil {
 		s.adm.authenticated(nbc)
 	}
