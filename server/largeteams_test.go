@@ -1,12 +1,14 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/greendot/greendot/server"
+	"github.com/greendot/greendot/store/memstore"
 )
 
 // largeAt3 makes a team of more than 3 members large.
@@ -199,6 +201,52 @@ func TestLargeTeamSmallTeamStillSeen(t *testing.T) {
 	}
 	if seen != 1 {
 		t.Fatalf("a's change reached v %d times", seen)
+	}
+}
+
+// slowTeamStore reads one team's members only once released: the node
+// counts that team late.
+type slowTeamStore struct {
+	*memstore.Store
+	team    string
+	release chan struct{}
+}
+
+func (s *slowTeamStore) Members(ctx context.Context, team string) ([]string, error) {
+	if team == s.team {
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return s.Store.Members(ctx, team)
+}
+
+// The first team_counts holds every large team of the viewer, those the
+// node is still counting too: sent with the teams counted so far, the
+// others came 2 s later (TestLargeTeamCounts under load).
+func TestLargeTeamFirstCountsWaitForEveryTeam(t *testing.T) {
+	mem, err := memstore.New(memstore.Config{TTL: testTTL, Grace: testGrace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &slowTeamStore{Store: mem, team: "other", release: make(chan struct{})}
+	ts := startServer(t, largeAt3, func(c *server.Config) { c.Store = st })
+	ts.join("big", "v", "a", "b", "c")
+	ts.join("other", "v", "x", "y", "z", "w")
+	a := ts.dial(t, "a") // big is counted before v comes
+	a.until("team_counts", func(f frame) bool { return f.typ() == "team_counts" })
+	// "other" is counted once v comes, and late: released while v waits.
+	time.AfterFunc(300*time.Millisecond, func() { close(st.release) })
+	v := ts.dial(t, "v")
+	got := v.until("team_counts", func(f frame) bool { return f.typ() == "team_counts" })
+	f := got[len(got)-1].f
+	if _, _, ok := countsOf(f, "other"); !ok {
+		t.Fatalf("first team_counts %v, want other's too", f)
+	}
+	if m, o, _ := countsOf(f, "big"); m != 4 || o != 2 {
+		t.Fatalf("big: %d members, %d online; want 4, 2: %v", m, o, f)
 	}
 }
 
