@@ -53,11 +53,7 @@ func TestDeadlineSetAfterTheUpgradeIsCleared(t *testing.T) {
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
+	stopAtEnd(t, s)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -194,10 +194,15 @@ func startInternal(t *testing.T, ping time.Duration) (*Server, *memstore.Store) 
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
+	stopAtEnd(t, s)
+	return s, st
+}
+
+// stopAtEnd shuts s down when the test ends.
+func stopAtEnd(t *testing.T, s *Server) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = s.Shutdown(ctx)
 	})
-	return s, st
 }
