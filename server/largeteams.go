@@ -410,8 +410,9 @@ func (h *hub) smallTeams(teams []string) []string {
 
 // afterSnapshot starts c's team_counts if its user has a large team: at
 // once if every one is counted, else (countsLoop) once they are, or
-// countsEvery after the snapshot with those counted by then. Only such connections are looked at by the counts loop;
-// a user who joins a large team later is added then (countConnsLocked).
+// countsEvery after the snapshot with those counted by then. Only such
+// connections are looked at by the counts loop; a user who joins a large
+// team later is added then (countConnsLocked).
 func (h *hub) afterSnapshot(c *client) {
 	h.mu.RLock()
 	lu := h.users[c.user]
