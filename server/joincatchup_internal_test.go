@@ -125,13 +125,27 @@ func catchUpHub(t *testing.T, kind string, members [][2]string) (*hub, store.Sto
 	}
 	local := func(user string) *client {
 		t.Helper()
-		c := &client{srv: s, user: user}
-		c.closed.Store(true) // no socket: writes are no-ops
-		teams, err := s.hub.add(ctx, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The snapshot's read, as a connect notes it.
+		c, note := connectLocal(t, s.hub, st, user)
+		note()
+		return c
+	}
+	return s.hub, st, sm, local
+}
+
+// connectLocal indexes a socketless connection of user, and returns it and
+// note, which reads its snapshot and notes it, as a connect does: calling
+// note later makes connects that overlap.
+func connectLocal(t *testing.T, h *hub, st store.Store, user string) (*client, func()) {
+	t.Helper()
+	ctx := context.Background()
+	c := &client{srv: h.srv, user: user}
+	c.closed.Store(true) // no socket: writes are no-ops
+	teams, err := h.add(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, func() {
+		t.Helper()
 		members := make(map[string][]string)
 		var all []string
 		for _, team := range teams {
@@ -146,10 +160,8 @@ func catchUpHub(t *testing.T, kind string, members [][2]string) (*hub, store.Sto
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.hub.noteSnapshot(c, members, ps)
-		return c
+		h.noteSnapshot(c, members, ps)
 	}
-	return s.hub, st, sm, local
 }
 
 // online connects user on a device and returns their version.
