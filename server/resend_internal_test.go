@@ -302,3 +302,39 @@ func TestLiveChangeDuringALargeTeamResyncIsQueuedAfterIt(t *testing.T) {
 		live.want(t, "the resync sent t's watchers nothing", fmt.Sprintf("[bob=online@%d]", v+1))
 	})
 }
+
+// Chaos seed 618395093 (one Redis, a write's reply lost): bob went away
+// after the resync's floor, between its reads of t0 and t2. The resync
+// sends the away to t0's members (its read is newer than what they hold),
+// and the live copy of the change must still reach t2's: taken for a second
+// copy of a change routed already through t0, it reached nobody, and carol
+// showed bob online until she reconnected.
+func TestChangeAfterTheResyncFloorReadByOneTeamReachesTheOther(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		h, st, sm, local := catchUpHub(t, kind, [][2]string{{"t0", "alice"}, {"t0", "bob"}, {"t2", "carol"}, {"t2", "bob"}})
+		floor := online(t, st, "bob") // the last version before the resync
+		wa, wc := &wire{c: local("alice")}, &wire{c: local("carol")}
+		var v uint64
+		sm.beforeMembers = func(string) {
+			if v == 0 {
+				v = 1 // the first team is read before the away
+				return
+			}
+			if v == 1 {
+				v = away(t, st, "bob")
+			}
+		}
+		h.resync(func(string) uint64 { return floor })
+		sm.beforeMembers = nil
+		h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Away, v), Teams: []string{"t0", "t2"}, Via: "t0"})
+		wa.write()
+		wc.write()
+		want := fmt.Sprintf("[bob=away@%d]", v)
+		if got := wa.String(); got != want {
+			t.Errorf("alice was sent %s, want %s once", got, want)
+		}
+		if got := wc.String(); got != want {
+			t.Errorf("carol was sent %s, want %s once", got, want)
+		}
+	})
+}

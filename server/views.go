@@ -479,7 +479,16 @@ func (v *views) resync(team string, truth []presence.Presence, floor func(string
 		default:
 			t.Version = cur.version
 		}
-		m[t.UserID] = view{version: t.Version, look: look, routed: max(cur.routed, t.Version)}
+		// A change above the floor was written after the store asked for
+		// this resync: its live copy is still to come, through every team
+		// of the subject, and must not be taken for a second copy where a
+		// team read before the write still holds the older state (chaos
+		// seed 618395093: lost).
+		routed := cur.routed
+		if t.Version <= f {
+			routed = max(routed, t.Version)
+		}
+		m[t.UserID] = view{version: t.Version, look: look, routed: routed}
 	}
 	// Subjects no longer members are not carried over: nothing more is sent
 	// between users who no longer share the team.
