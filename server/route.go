@@ -145,7 +145,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	// the subject (its view holds them): the event may list a team joined
 	// since, whose own event will take this team for the one that showed
 	// the subject (finding 8 of docs/reliability-findings.md).
-	sharesOther := func(lu *localUser, watches bool) bool {
+	sharesOther := func(lu *localUser, watches bool) (via string, ok bool) {
 		for t := range lu.teams {
 			if t == ev.Team || !st.in[t] {
 				continue
@@ -155,18 +155,18 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			}
 			if h.large[t] {
 				if watches {
-					return true
+					return "", true
 				}
 				continue
 			}
 			if h.views == nil {
-				return true
+				return t, true
 			}
 			if _, given := h.views.get(t, ev.UserID); given {
-				return true
+				return t, true
 			}
 		}
-		return false
+		return "", false
 	}
 	left := false  // the subject was indexed under the team it left
 	again := false // the subject was given the team's members already
@@ -208,24 +208,27 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	if ev.Presence != nil {
 		shown = *ev.Presence // the whole entry, status text included, when the store gave it
 	}
-	given := false  // the members hold shown or newer: nothing to push
-	var to *reach   // when set, the members to push to (others hold shown)
-	var held uint64 // after a removal: the version the members may hold
+	given := false            // the members hold shown or newer: nothing to push
+	var to *reach             // when set, the members to push to (others hold shown)
+	var hiddenAt uint64       // after a removal: the version the members may hold
+	var placed *odds          // with to: the odds the view holds meanwhile
+	var kept map[*client]held // of to, those skipped, and what they hold
 	if h.views != nil && h.byTeam[ev.Team] != nil && !large {
 		cur, ok := h.views.get(ev.Team, ev.UserID)
 		switch {
 		case !ev.Joined:
-			held = cur.version
+			hiddenAt = cur.version
 			h.views.forget(ev.Team, ev.UserID)
 		case ok && cur.version >= ev.Version && cur.odd == nil:
 			given = true
 		case ok && cur.version >= ev.Version:
-			// Pushed below to the members whose hold differs, unseen by the
-			// odds after: not to one whose snapshot, read after the join
-			// was written, holds it (chaos seed 245067116: the same
-			// version twice).
-			r := h.views.unsureReach(ev.Team, ev.UserID)
-			to = &r
+			// Pushed below to the members whose hold differs: not to one
+			// whose snapshot, read after the join was written, holds it
+			// (chaos seed 245067116: the same version twice). The view
+			// is unsure meanwhile, and after it (views.pushed) knows who
+			// holds what again.
+			r, o := h.views.unsureReach(ev.Team, ev.UserID)
+			to, placed = &r, o
 			shown = presence.Presence{UserID: ev.UserID, State: cur.look.State, Version: cur.version,
 				ShownLastSeen: msTime(cur.look.LastSeen),
 				Status:        presence.Status{Text: cur.look.Text, Emoji: cur.look.Emoji, ExpiresAt: msTime(cur.look.ExpiresAt)}}
@@ -238,15 +241,41 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		v  uint64
 	}
 	var noted []notedPush // noted once each of lu's connections had its turn
+	// skip notes a connection of to not pushed: it holds what team via
+	// showed it, as that team's view says, or something not known.
+	skip := func(c *client, via string) {
+		if to == nil || !to.to(c) {
+			return
+		}
+		hd, ok := held{}, false
+		if via != "" {
+			hd, ok = h.views.heldBy(via, ev.UserID, c)
+		}
+		if !ok {
+			hd = held{unknown: true}
+		}
+		if kept == nil {
+			kept = make(map[*client]held)
+		}
+		kept[c] = hd
+	}
 	for lu, c := range h.viewersLocked(ev, large) {
-		if lu.id == ev.UserID || sharesOther(lu, false) {
+		if lu.id == ev.UserID {
+			continue
+		}
+		if via, ok := sharesOther(lu, false); ok {
+			skip(c, via)
 			continue // could see the subject already, and still can
 		}
-		if _, w := watching[c]; w && sharesOther(lu, true) {
-			continue // watches the subject, and still shares a team
+		if _, w := watching[c]; w {
+			if _, ok := sharesOther(lu, true); ok {
+				skip(c, "")
+				continue // watches the subject, and still shares a team
+			}
 		}
 		if ev.Joined {
 			if lu.flight.holds(ev.UserID, shown.Version) {
+				skip(c, "")
 				continue // reached lu since its own catch-up began: no news
 			}
 			if stale, was := c.unhide(ev.UserID); !given && (stale || (shown.State != presence.Offline && (to == nil || to.to(c)))) {
@@ -255,11 +284,14 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 				}
 			}
 		} else {
-			c.hide(ev.UserID, held)
+			c.hide(ev.UserID, hiddenAt)
 		}
 	}
 	for _, n := range noted {
 		n.lu.flight.note(ev.UserID, n.v)
+	}
+	if to != nil {
+		h.views.pushed(ev.Team, ev.UserID, placed, kept)
 	}
 	h.mu.Unlock()
 	if catchUp {
@@ -534,7 +566,14 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 			if cur, ok := h.views.get(ev.Team, p.UserID); ok && cur.version > p.Version {
 				continue
 			}
-			h.views.read(ev.Team, p, nil, crowded)
+			// Each of the joiner's connections is sent p below, unless m's
+			// join of another team showed it to some of them already: then
+			// who holds what is not known.
+			var readers []*client
+			if to, ok := moved[p.UserID]; !ok || to == nil {
+				readers = lu.conns
+			}
+			h.views.readBy(ev.Team, p, readers, crowded)
 			kept = append(kept, p)
 		}
 		ps = kept

@@ -240,6 +240,23 @@ func (v *views) readAll(team string, ps []presence.Presence, reader *client, oth
 	}
 }
 
+// readBy is read given to each of readers (a joiner's connections, each
+// sent the state): who holds what stays known, where a nil reader would make
+// every member of a mixed view take the next resync's copy. No readers is a
+// nil reader.
+func (v *views) readBy(team string, p presence.Presence, readers []*client, others bool) {
+	if len(readers) == 0 {
+		v.read(team, p, nil, others)
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	m := v.teamLocked(team)
+	for _, c := range readers {
+		readLocked(m, p, c, others)
+	}
+}
+
 func readLocked(m map[string]view, p presence.Presence, reader *client, others bool) {
 	look := p.Look()
 	cur, ok := m[p.UserID]
@@ -513,16 +530,58 @@ func (v *views) unsure(team, subject string) {
 // unsureReach is unsure, returning to whom of team's members a push of the
 // view's current state goes first: those whose hold differs from it (a
 // connection whose snapshot read it holds it already).
-func (v *views) unsureReach(team, subject string) reach {
+// placed is the odds it leaves in the view, for pushed.
+func (v *views) unsureReach(team, subject string) (r reach, placed *odds) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	cur, ok := v.byTeam[team][subject]
 	if !ok || cur.odd == nil {
-		return reach{} // every member holds it
+		return reach{}, nil // every member holds it
 	}
-	r := reachOf(cur.odd, cur.look) // detached below: the view gets new odds
+	r = reachOf(cur.odd, cur.look) // detached below: the view gets new odds
 	v.unsureLocked(team, subject)
-	return r
+	return r, v.byTeam[team][subject].odd
+}
+
+// pushed records that the view's state was pushed to every member of team
+// its odds named as holding something else (unsureReach), but those kept
+// (skipped: they hold what another team showed them): the others hold it
+// now. Without it the view stays unsure, and the next resync sends every
+// member the state they hold (chaos seed 618395093). A change routed since
+// replaced placed, and is left alone.
+func (v *views) pushed(team, subject string, placed *odds, kept map[*client]held) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	cur, ok := v.byTeam[team][subject]
+	if !ok || placed == nil || cur.odd != placed {
+		return
+	}
+	o := &odds{base: held{version: cur.version, look: cur.look}}
+	for c, hd := range kept {
+		o.hold(c, hd)
+	}
+	cur.odd = o.settled(cur.look)
+	v.byTeam[team][subject] = cur
+}
+
+// heldBy is what team's view says c holds of subject, if it knows.
+func (v *views) heldBy(team, subject string, c *client) (held, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	cur, ok := v.byTeam[team][subject]
+	switch {
+	case !ok:
+		return held{}, false
+	case cur.odd == nil:
+		return held{version: cur.version, look: cur.look}, true
+	case cur.odd.all || !c.noted.Load():
+		return held{}, false
+	}
+	hd, ok := cur.odd.except[c]
+	if !ok {
+		hd = cur.odd.base
+	}
+	return hd, !hd.unknown
 }
 
 func (v *views) unsureLocked(team, subject string) {

@@ -1,0 +1,84 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+)
+
+// Chaos seed 618395093 (one Redis): alice and carol connected at once (a
+// node drained onto this one), so t's view of bob names each of them as
+// holding him. dave's join of t then sent dave bob, and the view, told only
+// that "some member" read him, forgot who held what: the resync that a
+// node found dead asked for sent bob's unchanged state to every member of t.
+func TestJoinCatchUpKeepsAMixedViewExact(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t", "alice"}, {"t", "bob"}, {"t", "carol"}, {"x", "dave"}})
+		v := online(t, st, "bob")
+		alice, noteAlice := connectLocal(t, h, st, "alice")
+		carol, noteCarol := connectLocal(t, h, st, "carol")
+		noteAlice()
+		noteCarol()
+		if cur, _ := h.views.get("t", "bob"); cur.odd == nil {
+			t.Fatalf("t's view of bob = %+v, want mixed", cur)
+		}
+		wa, wc, wd := &wire{c: alice}, &wire{c: carol}, &wire{c: local("dave")}
+		if err := st.AddMember(ctx, "t", "dave"); err != nil {
+			t.Fatal(err)
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t", UserID: "dave", Joined: true, UserTeams: store.TeamList{"t", "x"}})
+		runJobs(ctx, h, wa, wc, wd)
+		h.resync(noFloor)
+		for _, w := range []*wire{wa, wc, wd} {
+			w.write()
+		}
+		if got := wa.String() + wc.String(); got != "[][]" {
+			t.Errorf("alice and carol were sent %s, want nothing: their snapshots showed bob", got)
+		}
+		if got, want := wd.String(), fmt.Sprintf("[bob=online@%d]", v); got != want {
+			t.Errorf("dave was sent %s, want bob online once, by his catch-up", got)
+		}
+	})
+}
+
+// Chaos seed 618395093, the other side: u13's join of t1 finds t1's view
+// of u13 mixed (u21's snapshot, read after the join was written, holds
+// him; u30's, read before, does not; u07 sees him through t0). The event
+// sends u13 to u30 only; after it every member holds u13, and a resync must
+// send nobody anything.
+func TestJoinEventToAMixedViewLeavesItExact(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t1", "u21"}, {"t1", "u30"}, {"t0", "u13"}, {"t1", "u07"}, {"t0", "u07"}})
+		v := online(t, st, "u13")
+		through := &wire{c: local("u07")}
+		before := &wire{c: local("u30")}
+		if err := st.AddMember(ctx, "t1", "u13"); err != nil {
+			t.Fatal(err)
+		}
+		after := &wire{c: local("u21")}
+		h.OnMembership(store.MembershipEvent{Team: "t1", UserID: "u13", Joined: true,
+			State: presence.Online, Version: v, UserTeams: store.TeamList([]string{"t0", "t1"})})
+		runJobs(ctx, h, before, after, through)
+		h.resync(noFloor)
+		before.write()
+		after.write()
+		through.write()
+		if got := through.String(); got != "[]" {
+			t.Errorf("u07, who sees u13 through t0, was sent %s, want nothing", got)
+		}
+		if got, want := before.String(), fmt.Sprintf("[u13=online@%d]", v); got != want {
+			t.Errorf("u30 was sent %s, want %s once, by the join", got, want)
+		}
+		if got := after.String(); got != "[]" {
+			t.Errorf("u21, whose snapshot holds u13 at v%d, was sent %s, want nothing", v, got)
+		}
+		if cur, _ := h.views.get("t1", "u13"); cur.odd != nil {
+			t.Errorf("t1's view of u13 = %+v after the join and a resync, want agreed", cur)
+		}
+	})
+}
