@@ -82,3 +82,51 @@ func TestJoinEventToAMixedViewLeavesItExact(t *testing.T) {
 		}
 	})
 }
+
+// A join event to a mixed view whose state is offline pushes no offline to
+// the members who hold the subject online (offline is what they would hold
+// anyway, had they not read him): the view must not record that they hold
+// offline, or the resync that corrects them sends nothing, and they show
+// the subject online until his next change.
+func TestJoinEventPushingNoOfflineLeavesTheViewUnsure(t *testing.T) {
+	// The memory store ends a user at once (no grace): offline without a
+	// sweep.
+	for _, kind := range []string{"shared"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			h, st, _, local := catchUpHub(t, kind, [][2]string{{"t", "alice"}, {"t", "carol"}, {"x", "bob"}})
+			v := online(t, st, "bob")
+			if err := st.AddMember(ctx, "t", "bob"); err != nil {
+				t.Fatal(err)
+			}
+			alice := &wire{c: local("alice")} // her snapshot shows bob online
+			if err := st.Disconnect(ctx, "d-bob", presence.Closed); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.(interface{ Sweep(context.Context) error }).Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			ps, err := st.Presence(ctx, []string{"bob"}) // missed: no event reaches the node
+			if err != nil || ps[0].State != presence.Offline {
+				t.Fatalf("bob is %+v (%v), want offline", ps, err)
+			}
+			off := ps[0].Version
+			carol := &wire{c: local("carol")} // hers shows him offline
+			if cur, _ := h.views.get("t", "bob"); cur.odd == nil || cur.version != off {
+				t.Fatalf("t's view of bob = %+v, want mixed at v%d", cur, off)
+			}
+			h.OnMembership(store.MembershipEvent{Team: "t", UserID: "bob", Joined: true,
+				State: presence.Online, Version: v, UserTeams: store.TeamList{"t", "x"}})
+			runJobs(ctx, h, alice, carol)
+			h.resync(noFloor)
+			alice.write()
+			carol.write()
+			if got, want := alice.String(), fmt.Sprintf("[bob=offline@%d]", off); got != want {
+				t.Errorf("alice, who holds bob online, was sent %s, want %s", got, want)
+			}
+			if got := carol.String(); got != "[]" {
+				t.Errorf("carol, whose snapshot holds bob offline, was sent %s, want nothing", got)
+			}
+		})
+	}
+}

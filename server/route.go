@@ -278,10 +278,16 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 				skip(c, "")
 				continue // reached lu since its own catch-up began: no news
 			}
+			pushed := false
 			if stale, was := c.unhide(ev.UserID); !given && (stale || (shown.State != presence.Offline && (to == nil || to.to(c)))) {
-				if ch, ok := c.pushCatchUp(shown, was, h.srv.cfg.Now()); ok && lu.flight != nil {
+				ch, ok := c.pushCatchUp(shown, was, h.srv.cfg.Now())
+				if ok && lu.flight != nil {
 					noted = append(noted, notedPush{lu, ch.Version})
 				}
+				pushed = ok
+			}
+			if !pushed {
+				skip(c, "") // an offline not pushed: it may hold another state
 			}
 		} else {
 			c.hide(ev.UserID, hiddenAt)
