@@ -312,6 +312,10 @@ func (h *hub) noteSnapshot(c *client, members map[string][]string, ps []presence
 	if lu == nil {
 		return
 	}
+	// Changes queued to c before this note (a join's push, under h.mu as
+	// this is) are folded into the snapshot: c holds them, whatever its
+	// read says.
+	queued := c.queuedHolds()
 	for team, ms := range members {
 		set := h.byTeam[team]
 		if _, in := set[lu]; !in {
@@ -327,7 +331,8 @@ func (h *hub) noteSnapshot(c *client, members map[string][]string, ps []presence
 			}
 		}
 		h.views.readAll(team, read, c, crowded)
-		h.views.lacking(team, byUser, c, user)
+		h.views.lacking(team, byUser, queued, c, user)
+		h.views.queuedTo(team, queued, byUser, c)
 	}
 	c.noted.Store(true)
 }

@@ -130,3 +130,43 @@ func TestJoinEventPushingNoOfflineLeavesTheViewUnsure(t *testing.T) {
 		})
 	}
 }
+
+// A join event reaching a connection between the read of its snapshot
+// (before the join was written: no bob) and the note of it queues bob,
+// and the snapshot sent folds him in. The note must not record that the
+// connection holds nothing of bob, or bob's offline, which moves nothing
+// for a member holding nothing, is not sent it: bob stays online there.
+func TestJoinQueuedBeforeTheSnapshotIsNotedIsHeld(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, _ := catchUpHub(t, kind, [][2]string{{"t", "alice"}, {"x", "bob"}})
+		v := online(t, st, "bob")
+		c := &client{srv: h.srv, user: "alice"}
+		c.closed.Store(true)
+		if _, err := h.add(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		ms, err := st.Members(ctx, "t") // the snapshot's read: alice alone
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, err := st.Presence(ctx, ms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.AddMember(ctx, "t", "bob"); err != nil {
+			t.Fatal(err)
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t", UserID: "bob", Joined: true,
+			State: presence.Online, Version: v, UserTeams: store.TeamList{"t", "x"}})
+		runJobs(ctx, h)
+		h.noteSnapshot(c, map[string][]string{"t": ms}, ps)
+		w := &wire{c: c}
+		w.write() // the snapshot, bob folded in
+		h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Offline, v+1), Teams: []string{"t", "x"}, Via: "t"})
+		w.write()
+		if got, want := w.String(), fmt.Sprintf("[bob=online@%d bob=offline@%d]", v, v+1); got != want {
+			t.Fatalf("alice was sent %s, want %s", got, want)
+		}
+	})
+}

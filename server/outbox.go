@@ -316,6 +316,23 @@ func (c *client) dropLocked(subject string) {
 	}
 }
 
+// queuedHolds is what c has queued, by subject (nil if nothing): the changes a
+// snapshot sent now would fold in.
+func (c *client) queuedHolds() map[string]held {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) == 0 {
+		return nil
+	}
+	out := make(map[string]held, len(c.pending))
+	for s, ch := range c.pending {
+		st, _ := presence.ParseState(ch.State)
+		out[s] = held{version: ch.Version, look: presence.Look{State: st, Text: ch.Text, Emoji: ch.Emoji,
+			ExpiresAt: ch.ExpiresAt, LastSeen: ch.LastSeen}}
+	}
+	return out
+}
+
 // sendSnapshot writes the snapshot, with the changes queued while it was
 // read folded in: a snapshot is a whole map that a client puts in place of
 // its own, so a subject it left out but a queued change then brought (such

@@ -309,12 +309,15 @@ func forgotten(version uint64, look, held presence.Look) bool {
 // a membership the view still has, and the reader connected before it was
 // written back. The view would otherwise take the join that writes it back
 // for no news to the reader.
-func (v *views) lacking(team string, given map[string]presence.Presence, reader *client, self string) {
+func (v *views) lacking(team string, given map[string]presence.Presence, queued map[string]held, reader *client, self string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for subject, cur := range v.byTeam[team] {
 		if _, ok := given[subject]; ok || subject == self {
 			continue
+		}
+		if _, ok := queued[subject]; ok {
+			continue // queuedTo
 		}
 		if cur.look.State == presence.Offline && cur.odd == nil {
 			continue // nothing is what an offline looks like
@@ -326,6 +329,36 @@ func (v *views) lacking(team string, given map[string]presence.Presence, reader 
 		o.hold(reader, held{})
 		cur.odd = o
 		v.byTeam[team][subject] = cur
+	}
+}
+
+// queuedTo records that reader holds what was queued to it (queued) newer
+// than its read (given): a snapshot sent folds it in. A join's push can
+// come before the snapshot is noted (found in review: recorded as holding
+// nothing, the reader was not sent the subject's offline, a ghost).
+func (v *views) queuedTo(team string, queued map[string]held, given map[string]presence.Presence, reader *client) {
+	if len(queued) == 0 {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	m := v.byTeam[team]
+	for subject, hd := range queued {
+		cur, ok := m[subject]
+		if p, read := given[subject]; !ok || (read && p.Version >= hd.version) {
+			continue // the read is what the snapshot shows, and is recorded
+		}
+		if cur.odd == nil && hd.version == cur.version && same(hd.look, cur.look) {
+			continue // it holds what every member does
+		}
+		o := cur.odd
+		if o == nil {
+			o = &odds{base: held{version: cur.version, look: cur.look}}
+		}
+		hd.unknown = hd.version < cur.version // a change routed since may have reached it too
+		o.hold(reader, hd)
+		cur.odd = o.settled(cur.look)
+		m[subject] = cur
 	}
 }
 
