@@ -147,6 +147,23 @@ func TestChaosOracle(t *testing.T) {
 			wire:    []wire{{0.1, true, "u01", "online", 5}, {3, false, "u01", "online", 4}},
 			want:    map[string]int{"out of order": 1},
 		},
+		// A node cut off from Redis past its liveness is found dead as a
+		// killed one is, and every node resyncs then (chaos seed
+		// 618395093); cut off for less, it is not.
+		"the same version twice in the resync after another node was cut off": {
+			subject: []sess{{0, 0, "b", ""}},
+			faults:  []fault{{"partition 7s", "c", 9, 16}},
+			changes: []change{online(0.1)},
+			wire:    []wire{{0.1, true, "u01", "online", 5}, {13, false, "u01", "online", 5}},
+			want:    map[string]int{"resent": 0},
+		},
+		"the same version twice after another node was cut off briefly": {
+			subject: []sess{{0, 0, "b", ""}},
+			faults:  []fault{{"partition 1.5s", "c", 9, 10.5}},
+			changes: []change{online(0.1)},
+			wire:    []wire{{0.1, true, "u01", "online", 5}, {13, false, "u01", "online", 5}},
+			want:    map[string]int{"resent": 1},
+		},
 		"the same version twice, outside any recovery": {
 			subject: []sess{{0, 0, "b", ""}},
 			changes: []change{online(0.1)},
