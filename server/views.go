@@ -580,8 +580,9 @@ func (v *views) unsureReach(team, subject string) (r reach, placed *odds) {
 // its odds named as holding something else (unsureReach), but those kept
 // (skipped: they hold what another team showed them): the others hold it
 // now. Without it the view stays unsure, and the next resync sends every
-// member the state they hold (chaos seed 618395093). A change routed since
-// replaced placed, and is left alone.
+// member the state they hold (chaos seed 618395093). The caller holds h.mu
+// for writing from unsureReach on, so nothing routes or reads meanwhile;
+// placed still guards the view against a change having replaced its odds.
 func (v *views) pushed(team, subject string, placed *odds, kept map[*client]held) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
