@@ -137,31 +137,47 @@ func catchUpHub(t *testing.T, kind string, members [][2]string) (*hub, store.Sto
 // note later makes connects that overlap.
 func connectLocal(t *testing.T, h *hub, st store.Store, user string) (*client, func()) {
 	t.Helper()
-	ctx := context.Background()
+	c, teams := addLocal(t, h, user)
+	return c, func() {
+		t.Helper()
+		members, ps := readSnapshot(t, st, teams)
+		h.noteSnapshot(c, members, ps)
+	}
+}
+
+// addLocal indexes a socketless connection of user, and returns it and its
+// teams.
+func addLocal(t *testing.T, h *hub, user string) (*client, []string) {
+	t.Helper()
 	c := &client{srv: h.srv, user: user}
 	c.closed.Store(true) // no socket: writes are no-ops
-	teams, err := h.add(ctx, c)
+	teams, err := h.add(context.Background(), c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c, func() {
-		t.Helper()
-		members := make(map[string][]string)
-		var all []string
-		for _, team := range teams {
-			ms, err := st.Members(ctx, team)
-			if err != nil {
-				t.Fatal(err)
-			}
-			members[team] = ms
-			all = append(all, ms...)
-		}
-		ps, err := st.Presence(ctx, all)
+	return c, teams
+}
+
+// readSnapshot reads what a connection in teams is given: the members of
+// each, and their presence.
+func readSnapshot(t *testing.T, st store.Store, teams []string) (map[string][]string, []presence.Presence) {
+	t.Helper()
+	ctx := context.Background()
+	members := make(map[string][]string)
+	var all []string
+	for _, team := range teams {
+		ms, err := st.Members(ctx, team)
 		if err != nil {
 			t.Fatal(err)
 		}
-		h.noteSnapshot(c, members, ps)
+		members[team] = ms
+		all = append(all, ms...)
 	}
+	ps, err := st.Presence(ctx, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return members, ps
 }
 
 // online connects user on a device and returns their version.

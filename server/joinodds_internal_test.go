@@ -141,26 +141,15 @@ func TestJoinQueuedBeforeTheSnapshotIsNotedIsHeld(t *testing.T) {
 		ctx := context.Background()
 		h, st, _, _ := catchUpHub(t, kind, [][2]string{{"t", "alice"}, {"x", "bob"}})
 		v := online(t, st, "bob")
-		c := &client{srv: h.srv, user: "alice"}
-		c.closed.Store(true)
-		if _, err := h.add(ctx, c); err != nil {
-			t.Fatal(err)
-		}
-		ms, err := st.Members(ctx, "t") // the snapshot's read: alice alone
-		if err != nil {
-			t.Fatal(err)
-		}
-		ps, err := st.Presence(ctx, ms)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, teams := addLocal(t, h, "alice")
+		members, ps := readSnapshot(t, st, teams) // alice alone in t
 		if err := st.AddMember(ctx, "t", "bob"); err != nil {
 			t.Fatal(err)
 		}
 		h.OnMembership(store.MembershipEvent{Team: "t", UserID: "bob", Joined: true,
 			State: presence.Online, Version: v, UserTeams: store.TeamList{"t", "x"}})
 		runJobs(ctx, h)
-		h.noteSnapshot(c, map[string][]string{"t": ms}, ps)
+		h.noteSnapshot(c, members, ps)
 		w := &wire{c: c}
 		w.write() // the snapshot, bob folded in
 		h.OnPresence(store.PresenceEvent{Change: change("bob", presence.Offline, v+1), Teams: []string{"t", "x"}, Via: "t"})
