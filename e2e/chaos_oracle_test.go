@@ -592,18 +592,22 @@ func (o *oracle) excused(viewerNode string, u *userTruth, t time.Time, lag time.
 	return nil
 }
 
-// cutOff is the exemption: the piece's node was cut off from Redis for 2 s
-// or more around a, long enough for node liveness to lapse.
+// cutOff is the exemption: the piece's node was cut off from Redis around
+// a, long enough for node liveness to lapse (longCut).
 func (o *oracle) cutOff(p livePiece, a time.Time) bool {
 	for _, f := range o.w.faults {
-		if !strings.HasPrefix(f.kind, "partition") || f.node != p.node || f.to.IsZero() {
-			continue
-		}
-		if f.to.Sub(f.from) >= 2*time.Second && f.overlaps(a.Add(-o.tm.grace-nodeTTL-time.Second), a) {
+		if f.node == p.node && longCut(f) && f.overlaps(a.Add(-o.tm.grace-nodeTTL-time.Second), a) {
 			return true
 		}
 	}
 	return false
+}
+
+// longCut reports whether f cut its node off from Redis for 2 s or more:
+// node liveness (3 s, refreshed every second) can lapse, and the others
+// then take the node for dead.
+func longCut(f *faultWindow) bool {
+	return strings.HasPrefix(f.kind, "partition") && !f.to.IsZero() && f.to.Sub(f.from) >= 2*time.Second
 }
 
 // recovering reports whether a viewer on node may be re-sent current state
@@ -624,10 +628,10 @@ func (o *oracle) recovering(node, viewer, subject string, t time.Time) bool {
 		// second before the kill, then a sweep and a health check), and
 		// when it starts again under its id while still listed
 		// (redisstore's tellNodeDead), whatever node the viewer is on:
-		// within 3 s of either. A node cut off from Redis for longer than
-		// its liveness is found dead the same way (chaos seed 618395093).
-		cutOff := strings.HasPrefix(f.kind, "partition") && !f.to.IsZero() && f.to.Sub(f.from) > nodeTTL
-		if f.kind != "kill -9" && !cutOff {
+		// within 3 s of either. A node cut off long enough for its
+		// liveness to lapse is found dead the same way (chaos seed
+		// 618395093).
+		if f.kind != "kill -9" && !longCut(f) {
 			continue
 		}
 		found := f.from.Add(nodeTTL - time.Second)
