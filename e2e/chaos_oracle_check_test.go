@@ -236,6 +236,22 @@ func TestChaosOracle(t *testing.T) {
 			changes:  []change{online(0.1), {6.2, 6.2, "u01", "away", "online", 2}, {9, 9, "u01", "online", "away", 3}},
 			want:     map[string]int{"spurious": 0},
 		},
+		// The device was set away as its node was killed (chaos, one
+		// Redis, seed 8888206): the node may have died before writing it,
+		// so its connection lingers online until the node's release, and a
+		// snapshot read after the device closed elsewhere shows it online.
+		"a status set as its node was killed: the connection lingers with the one before": {
+			subject:  []sess{{0, 5, "a", "node killed"}, {5.3, 7, "b", "closed"}},
+			statuses: [][2]any{{5.0, "away"}},
+			changes:  []change{online(0.1), {5.4, 5.4, "u01", "away", "online", 2}, {0, 9.3, "u01", "online", "away", 1}, {11.2, 11.2, "u01", "offline", "online", 3}},
+			want:     map[string]int{"spurious": 0, "ghost": 0, "false offline": 0},
+		},
+		"a status set a second before its node was killed: online after the close is spurious": {
+			subject:  []sess{{0, 5, "a", "node killed"}, {5.3, 7, "b", "closed"}},
+			statuses: [][2]any{{4.0, "away"}},
+			changes:  []change{online(0.1), {4.1, 4.1, "u01", "away", "online", 2}, {0, 9.3, "u01", "online", "away", 1}, {11.2, 11.2, "u01", "offline", "online", 3}},
+			want:     map[string]int{"spurious": 1},
+		},
 		// The harness closed d3 on b 10 ms before it killed b: b may never
 		// have told Redis, so the idle connection lingers until b's is
 		// released, and d2's blip shows the user away meanwhile.

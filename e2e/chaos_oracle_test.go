@@ -25,7 +25,8 @@ import (
 //     learns at the ttl), until the survivors release a killed node's
 //     connections (node liveness + a sweep; also one whose end the harness
 //     caused less than 500 ms before the kill, which the node may not have
-//     told Redis of), during a failed connect attempt (registered, then
+//     told Redis of, and with the status before one sent that late), during
+//     a failed connect attempt (registered, then
 //     refused), and until a fault that kept its node from telling Redis is
 //     over.
 //   - No false offline: an offline published at time a is false if the user
@@ -349,9 +350,11 @@ func (o *oracle) buildTruth(u *userTruth) {
 			u.sure = append(u.sure, pieces...)
 			// Maybe live: until the server can have noticed the end.
 			mend := end
+			var killed time.Time
 			switch s.endKind {
 			case "node killed":
 				mend = end.Add(nodeTTL + 1500*time.Millisecond)
+				killed = end
 			default:
 				mend = end.Add(500 * time.Millisecond)
 				// Its node killed before it can have told Redis of the end
@@ -359,6 +362,7 @@ func (o *oracle) buildTruth(u *userTruth) {
 				// until the survivors release the node's.
 				if k := o.killedWithin(s.node, end, mend); !k.IsZero() {
 					mend = k.Add(nodeTTL + 1500*time.Millisecond)
+					killed = k
 				}
 			}
 			if f := o.faultHolding(s.node, end); f != nil && !f.to.IsZero() {
@@ -366,7 +370,19 @@ func (o *oracle) buildTruth(u *userTruth) {
 					mend = lim
 				}
 			}
-			maybe = append(maybe, mIv{interval: interval{from: s.start, to: mend}, dev: dc, key: s.start, statusAt: s.end})
+			iv := interval{from: s.start, to: mend}
+			maybe = append(maybe, mIv{interval: iv, dev: dc, key: s.start, statusAt: s.end})
+			// A status sent less than 500 ms before its node's kill -9 may
+			// never have reached Redis (chaos seed 8888206): the lingering
+			// connection may hold the status before it.
+			if !killed.IsZero() {
+				for _, st := range dc.statuses {
+					if st.at.Before(killed.Add(-500*time.Millisecond)) || st.at.After(s.end) {
+						continue
+					}
+					maybe = append(maybe, mIv{interval: iv, dev: dc, key: s.start, statusAt: st.at.Add(-time.Nanosecond)})
+				}
+			}
 			u.starts = append(u.starts, interval{from: s.start, to: s.start.Add(time.Second)})
 		}
 		for _, a := range dc.attempts {
