@@ -89,6 +89,15 @@ func (sb *subscriber) start(ctx context.Context) error {
 	}
 	sb.mu.Lock()
 	sb.members = ps
+	if !sb.s.cluster {
+		// Teams' channels on the same connection: one reader dispatches
+		// membership and presence events in the order Redis published
+		// them, so a change made after a removal is routed once the removal
+		// is applied, even when a node cut off from Redis gets both at the
+		// heal (finding 21 of docs/reliability-findings.md). A cluster
+		// spreads the channels over its masters, where no order holds.
+		sb.shards[""] = ps
+	}
 	sb.px = px
 	sb.chans[membershipChannel] = &subState{confirmed: true}
 	if px != nil {
@@ -508,7 +517,9 @@ func (sb *subscriber) close() {
 		_ = sb.px.Close()
 	}
 	for _, ps := range sb.shards {
-		_ = ps.Close()
+		if ps != sb.members {
+			_ = ps.Close()
+		}
 	}
 	sb.mu.Unlock()
 	sb.wg.Wait()
