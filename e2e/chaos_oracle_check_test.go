@@ -56,6 +56,7 @@ func TestChaosOracle(t *testing.T) {
 		wire         []wire
 		faults       []fault
 		want         map[string]int // figures that must be this (0: must be absent)
+		topology     string         // "cluster"; default one Redis
 	}
 	online := func(recv float64) change {
 		return change{recv: recv, user: "u01", state: "online", version: 1}
@@ -199,6 +200,39 @@ func TestChaosOracle(t *testing.T) {
 			members: []span{{"t0", "u00", -10, 5}},
 			want:    map[string]int{"visibility": 1},
 		},
+		// The viewer's node was cut off as the viewer was removed; a change
+		// made after it reaches the node at the heal with the removal. On
+		// one Redis both come on one connection, in order; on a cluster
+		// they come from two masters in no set order (finding 21).
+		"a change made after a removal, read at the heal (one Redis)": {
+			subject: []sess{{0, 0, "b", ""}},
+			changes: []change{online(0.1)},
+			wire:    []wire{{0.1, true, "u01", "online", 1}, {6.95, false, "u01", "away", 2}},
+			wireAt:  map[int]float64{1: 6},
+			members: []span{{"t0", "u00", -10, 5}},
+			faults:  []fault{{"partition 2s", "a", 4.9, 6.9}},
+			want:    map[string]int{"visibility": 1, "visibility at a heal (cluster)": 0},
+		},
+		"a change made after a removal, read at the heal (cluster)": {
+			subject:  []sess{{0, 0, "b", ""}},
+			changes:  []change{online(0.1)},
+			wire:     []wire{{0.1, true, "u01", "online", 1}, {6.95, false, "u01", "away", 2}},
+			wireAt:   map[int]float64{1: 6},
+			members:  []span{{"t0", "u00", -10, 5}},
+			faults:   []fault{{"partition 2s", "a", 4.9, 6.9}},
+			topology: "cluster",
+			want:     map[string]int{"visibility": 0, "visibility at a heal (cluster)": 1},
+		},
+		"a change made after a removal, read a while after the heal (cluster)": {
+			subject:  []sess{{0, 0, "b", ""}},
+			changes:  []change{online(0.1)},
+			wire:     []wire{{0.1, true, "u01", "online", 1}, {8.5, false, "u01", "away", 2}},
+			wireAt:   map[int]float64{1: 8.4},
+			members:  []span{{"t0", "u00", -10, 5}},
+			faults:   []fault{{"partition 2s", "a", 4.9, 6.9}},
+			topology: "cluster",
+			want:     map[string]int{"visibility": 1},
+		},
 		"the viewer itself": {
 			subject: []sess{{0, 0, "b", ""}},
 			changes: []change{online(0.1)},
@@ -320,7 +354,7 @@ func TestChaosOracle(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			base := time.Now().Add(-time.Minute)
 			at := func(x float64) time.Time { return base.Add(s(x)) }
-			w := &world{t: t, cfg: chaosConfig{users: 3, teams: 2, tm: timing{ttl: 3 * time.Second, heartbeat: time.Second, grace: 1500 * time.Millisecond}},
+			w := &world{t: t, cfg: chaosConfig{topology: h.topology, users: 3, teams: 2, tm: timing{ttl: 3 * time.Second, heartbeat: time.Second, grace: 1500 * time.Millisecond}},
 				start: base, end: at(30), counts: map[string]int{}}
 			w.spans = []*memberSpan{
 				{team: "t0", user: "u00", interval: interval{from: at(-10)}, joined: at(-10)},

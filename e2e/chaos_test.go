@@ -829,9 +829,9 @@ func (w *world) report(o *oracle, settleTook time.Duration, settled bool) []stri
 		o.transitions(), o.fig["changes observed"], o.fig["entries received"], o.fig["restatements"], o.fig["restatements online"], o.fig["restatements away"], o.fig["restatements offline"], o.fig["resent in a recovery"])
 	fmt.Fprintf(&b, "  ghost-seconds %.1f (episodes %d), false offlines %d, released after a node was cut off %d, degraded-seconds %.1f (excused by Redis/network faults)\n",
 		o.secs["ghost-seconds"].Seconds(), o.fig["ghost episodes"], o.fig["false offline"], o.fig["released (node cut off)"], o.secs["degraded-seconds"].Seconds())
-	fmt.Fprintf(&b, "  lost %d (after settling: viewers %d, http %d; during the run: missed online %d, wrong status %d), doubled %d, resent %d, spurious %d, out of order %d, visibility %d, self %d\n",
+	fmt.Fprintf(&b, "  lost %d (after settling: viewers %d, http %d; during the run: missed online %d, wrong status %d), doubled %d, resent %d, spurious %d, out of order %d, visibility %d (at a heal on a cluster, allowed: %d), self %d\n",
 		o.fig["lost"]+o.fig["lost (http)"]+o.fig["missed online episodes"]+o.fig["wrong status episodes"], o.fig["lost"], o.fig["lost (http)"],
-		o.fig["missed online episodes"], o.fig["wrong status episodes"], o.fig["doubled"], o.fig["resent"], o.fig["spurious"], o.fig["out of order"], o.fig["visibility"], o.fig["self"])
+		o.fig["missed online episodes"], o.fig["wrong status episodes"], o.fig["doubled"], o.fig["resent"], o.fig["spurious"], o.fig["out of order"], o.fig["visibility"], o.fig["visibility at a heal (cluster)"], o.fig["self"])
 	fmt.Fprintf(&b, "  offline lag (last device gone → a viewer shows offline), outside Redis and network faults: n=%d p50 %v max %v; by how the last device went:\n",
 		len(all), percentile(all, .5).Round(10*time.Millisecond), percentile(all, 1).Round(10*time.Millisecond))
 	for _, l := range lagBy {
