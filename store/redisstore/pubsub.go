@@ -75,7 +75,8 @@ func (sb *subscriber) start(ctx context.Context) error {
 		return fmt.Errorf("redisstore: subscribe: %w", err)
 	}
 	// App messages have their own connection and reader: a burst of them
-	// must not hold up membership events, and a resubscription after an
+	// must not hold up membership and presence events (those two wait for
+	// each other on one Redis, below: order first), and a resubscription after an
 	// outage needs no resync (they are delivered at most once anyway).
 	// Only nodes that serve them hold that connection.
 	var px *redis.PubSub
@@ -439,8 +440,9 @@ func (sb *subscriber) resubscribeLocked(old *redis.PubSub) (*redis.PubSub, []<-c
 		sb.members = nps
 	case old == sb.px:
 		sb.px = nps
-	default:
-		sb.shards[bucket] = nps
+	}
+	if sb.shards[bucket] == old {
+		sb.shards[bucket] = nps // also the members' own on one Redis
 	}
 	sb.read(nps)
 	return nps, wait
