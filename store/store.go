@@ -111,7 +111,9 @@ type MembersBatcher interface {
 type ConnectReader interface {
 	// ConnectRead is Connect, then a read of the user's own presence and of
 	// the members of teams (aligned with teams, sorted, nil for a team
-	// without members; callers must not modify them). registered reports
+	// without members or one the user is no longer in as of the read: the
+	// caller's teams may be older than the read; callers must not modify
+	// them). registered reports
 	// whether the connection was registered: an error with registered true
 	// is a failed read, and the connection is to be ended like any other.
 	ConnectRead(ctx context.Context, c presence.Conn, teams []string) (own presence.Presence, members [][]string, registered bool, err error)

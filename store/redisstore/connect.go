@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -42,6 +43,16 @@ func (s *Store) ConnectRead(ctx context.Context, c presence.Conn, teams []string
 	for i, t := range teams {
 		mcs[i] = pipe.SMembers(ctx, teamKey(t))
 	}
+	// Which of teams the user is in as of the read: the caller's may be its
+	// index's, which a removal's event has not reached yet (finding 22).
+	var uc *redis.BoolSliceCmd
+	if len(teams) > 0 {
+		names := make([]any, len(teams))
+		for i, t := range teams {
+			names[i] = t
+		}
+		uc = pipe.SMIsMember(ctx, userTeamsKey(c.UserID), names...)
+	}
 	_, _ = pipe.Exec(ctx)
 	v, err := cc.Result()
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -65,6 +76,12 @@ func (s *Store) ConnectRead(ctx context.Context, c presence.Conn, teams []string
 	default:
 		own = parsePresence(c.UserID, pv)
 	}
+	var in []bool
+	if uc != nil {
+		if in, err = uc.Result(); err != nil || len(in) != len(teams) {
+			return presence.Presence{}, nil, true, s.failed(store.OpQuery, fmt.Errorf("redisstore: teams of: %w", errors.Join(ErrUnavailable, err)))
+		}
+	}
 	members := make([][]string, len(teams))
 	for i, mc := range mcs {
 		m, err := mc.Result()
@@ -76,7 +93,19 @@ func (s *Store) ConnectRead(ctx context.Context, c presence.Conn, teams []string
 			members[i] = m
 		}
 	}
-	return own, members, true, nil
+	return own, onlyIn(in, members), true, nil
+}
+
+// onlyIn leaves out the members of the teams the user is not in as read
+// (in, aligned with members): the user's side of a membership is written
+// first (membership), so a team there is one the user is in or joining.
+func onlyIn(in []bool, members [][]string) [][]string {
+	for i := range members {
+		if !in[i] {
+			members[i] = nil
+		}
+	}
+	return members
 }
 
 // connectThenRead is ConnectRead one call after the other.
@@ -92,5 +121,13 @@ func (s *Store) connectThenRead(ctx context.Context, c presence.Conn, teams []st
 	if err != nil {
 		return presence.Presence{}, nil, true, err
 	}
-	return ps[0], members, true, nil
+	now, err := s.TeamsOf(ctx, c.UserID)
+	if err != nil {
+		return presence.Presence{}, nil, true, err
+	}
+	in := make([]bool, len(teams))
+	for i, t := range teams {
+		in[i] = slices.Contains(now, t)
+	}
+	return ps[0], onlyIn(in, members), true, nil
 }
