@@ -377,3 +377,27 @@ func (h *hub) ensureIndexed(ctx context.Context, user, team string) {
 		h.joinWatched(ctx, lu, team, true)
 	}
 }
+
+// notGiven marks as early the teams the index holds for user whose members
+// a connect read none of: the store had the user out of the team, its
+// removal's event not here yet, or had lost the user's side, to be written
+// back (finding 22). Should the team's join come instead of its removal,
+// its catch-up gives the members, which the index would otherwise take
+// for given.
+func (h *hub) notGiven(user string, members map[string][]string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	lu := h.users[user]
+	if lu == nil || lu.teams == nil {
+		return
+	}
+	for team, ms := range members {
+		if _, in := lu.teams[team]; !in || len(ms) > 0 {
+			continue
+		}
+		if lu.early == nil {
+			lu.early = make(map[string]struct{})
+		}
+		lu.early[team] = struct{}{}
+	}
+}

@@ -2,8 +2,11 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
+
+	"github.com/greendot/greendot/store"
 )
 
 // A second connection of a user takes their teams from the node's index,
@@ -42,5 +45,51 @@ func TestSnapshotLeavesOutATeamLeftWhileItsEventIsOnTheWay(t *testing.T) {
 	}
 	if slices.Contains(listed, "u09") || !slices.Contains(listed, "u22") {
 		t.Fatalf("the snapshot lists %v; want u22 (t1) and not u09 (t0, left)", listed)
+	}
+}
+
+// The other way to a user's side without a team the index holds: Redis
+// lost it, and the memberships are being written back, a teammate's before
+// the user's own. The connect leaves the team out, so the join that writes
+// the user back, which the index takes for a team it holds, must still
+// give that connection the team's members.
+func TestJoinWrittenBackAfterASnapshotLeftTheTeamOutGivesItsMembers(t *testing.T) {
+	ctx := context.Background()
+	h, st, _, local := catchUpHub(t, "redis", [][2]string{{"t0", "u03"}, {"t0", "u09"}, {"t1", "u03"}, {"t1", "u22"}})
+	v := online(t, st, "u09")
+	online(t, st, "u22")
+	first := &wire{c: local("u03")}
+	// The user's side no longer holds t0, as after a loss written back
+	// but for the user's own membership (no event reaches this hub).
+	if err := st.RemoveMember(ctx, "t0", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	c, teams := addLocal(t, h, "u03")
+	c.id = "second"
+	registered, reads, err := h.srv.register(ctx, c, teams)
+	if err != nil || !registered {
+		t.Fatalf("register: registered %v, err %v", registered, err)
+	}
+	h.notGiven(c.user, reads.members)
+	snap, members, err := h.srv.snapshot(ctx, c.user, teams, reads.members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.noteSnapshot(c, members, snap)
+	second := &wire{c: c}
+
+	if err := st.AddMember(ctx, "t0", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t0", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t0", "t1"}})
+	runJobs(ctx, h, first, second)
+	if got, want := second.String(), fmt.Sprintf("[u09=online@%d]", v); got != want {
+		t.Fatalf("the second connection was sent %s, want %s", got, want)
+	}
+	// The first connection, given t0 by its snapshot, may be sent the same
+	// version again (a catch-up goes to every connection of the joiner;
+	// clients drop it), nothing else.
+	if got := first.String(); got != "[]" && got != fmt.Sprintf("[u09=online@%d]", v) {
+		t.Fatalf("the first connection was sent %s, want nothing or u09 at the version it holds", got)
 	}
 }

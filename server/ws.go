@@ -203,6 +203,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		c.closeWith(1011, "store unavailable")
 		return
 	}
+	s.hub.notGiven(c.user, reads.members)
 	// The user's own status, for my_status right after welcome, read once
 	// c was in the hub: changes from then on reach c through the hub
 	// (OnStatus) as well; the newer version wins.
