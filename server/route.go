@@ -486,6 +486,13 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 		s.log.Warn("membership reconcile", "err", err)
 		return
 	}
+	if ev.Joined && !slices.Contains(members, ev.UserID) {
+		// Removed since: the team's side of a join is written before its
+		// event, so only a later removal takes the joiner out. That
+		// removal's event hides the team; its members are not to be sent
+		// (a join and its removal reaching a node together, at a heal).
+		return
+	}
 	// A team the joiner is leaving showed its members until the leave (its
 	// view may be gone with it); any other, only to the connections its
 	// view does not say lack them.

@@ -93,3 +93,28 @@ func TestJoinWrittenBackAfterASnapshotLeftTheTeamOutGivesItsMembers(t *testing.T
 		t.Fatalf("the first connection was sent %s, want nothing or u09 at the version it holds", got)
 	}
 }
+
+// A join and the removal after it can reach a node together (at the heal
+// of a cut). The join's catch-up reads the team's members after both were
+// written: the joiner, no longer among them, is not to be sent them.
+func TestJoinCatchUpReadAfterTheLeaveSendsNothing(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, _, local := catchUpHub(t, kind, [][2]string{{"t5", "u09"}})
+		online(t, st, "u09")
+		w := &wire{c: local("u01")}
+		if err := st.AddMember(ctx, "t5", "u01"); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.RemoveMember(ctx, "t5", "u01"); err != nil {
+			t.Fatal(err)
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t5", UserID: "u01", Joined: true, UserTeams: store.TeamList{"t5"}})
+		runJobs(ctx, h, w)
+		h.OnMembership(store.MembershipEvent{Team: "t5", UserID: "u01", Joined: false, UserTeams: store.TeamList{}})
+		runJobs(ctx, h, w)
+		if got := w.String(); got != "[]" {
+			t.Fatalf("u01, out of t5 again when its join's catch-up read it, was sent %s, want nothing", got)
+		}
+	})
+}
