@@ -23,8 +23,9 @@ type localUser struct {
 	flight *catchUps
 	// early: teams indexed before their join event came (ensureIndexed),
 	// whose members the user was not given yet: that event's catch-up
-	// gives them. nil when none.
-	early map[string]struct{}
+	// gives them, to the connections listed (nil: every one). nil when
+	// none.
+	early map[string][]*client
 }
 
 // hub indexes this node's connections by user and team and routes store
@@ -81,6 +82,13 @@ func newHub(s *Server) *hub {
 // add registers c and returns its user's teams, loaded from the store the
 // first time the user connects here.
 func (h *hub) add(ctx context.Context, c *client) ([]string, error) {
+	teams, _, err := h.addAt(ctx, c)
+	return teams, err
+}
+
+// addAt is add, which also returns the user's membership generation the
+// teams are as of (see notGiven).
+func (h *hub) addAt(ctx context.Context, c *client) ([]string, uint64, error) {
 	h.mu.Lock()
 	lu, ok := h.users[c.user]
 	if !ok {
@@ -93,10 +101,11 @@ func (h *hub) add(ctx context.Context, c *client) ([]string, error) {
 	h.mu.Unlock()
 	if !loaded {
 		if err := h.loadTeams(ctx, lu); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	return h.teamsOf(c.user), nil
+	teams, gen := h.teamsAt(c.user)
+	return teams, gen, nil
 }
 
 // loadTeams reads lu's teams; a membership event during the read makes it
@@ -229,10 +238,7 @@ func (h *hub) joinWatched(ctx context.Context, lu *localUser, team string, early
 		if ok {
 			h.joinLocked(lu, team, large[team])
 			if early {
-				if lu.early == nil {
-					lu.early = make(map[string]struct{})
-				}
-				lu.early[team] = struct{}{}
+				lu.markEarly(team, nil)
 			}
 			if h.large[team] {
 				h.countConnsLocked(lu)
@@ -282,17 +288,23 @@ func (h *hub) count() int {
 
 // teamsOf returns a local user's teams (nil when not connected here).
 func (h *hub) teamsOf(user string) []string {
+	teams, _ := h.teamsAt(user)
+	return teams
+}
+
+// teamsAt is teamsOf and the user's membership generation.
+func (h *hub) teamsAt(user string) ([]string, uint64) {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	lu, ok := h.users[user]
 	if !ok {
-		return nil
+		return nil, 0
 	}
 	out := make([]string, 0, len(lu.teams))
 	for t := range lu.teams {
 		out = append(out, t)
 	}
-	return out
+	return out, lu.gen
 }
 
 // noteSnapshot records in views what a new connection c was given, before
@@ -378,26 +390,45 @@ func (h *hub) ensureIndexed(ctx context.Context, user, team string) {
 	}
 }
 
-// notGiven marks as early the teams the index holds for user whose members
-// a connect read none of: the store had the user out of the team, its
-// removal's event not here yet, or had lost the user's side, to be written
-// back (finding 22). Should the team's join come instead of its removal,
-// its catch-up gives the members, which the index would otherwise take
-// for given.
-func (h *hub) notGiven(user string, members map[string][]string) {
+// notGiven marks as early, for c, the teams the index holds for its user
+// whose members c's connect read none of: the store had the user out of
+// the team, its removal's event not here yet, or had lost the user's side,
+// to be written back (finding 22). Should the team's join come instead of
+// its removal, its catch-up gives c the members, which the index would
+// otherwise take for given. It reports false when a membership event of
+// the user came since gen (hub.add's): that join may have passed already.
+func (h *hub) notGiven(c *client, gen uint64, members map[string][]string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	lu := h.users[user]
+	lu := h.users[c.user]
 	if lu == nil || lu.teams == nil {
-		return
+		return true
 	}
 	for team, ms := range members {
 		if _, in := lu.teams[team]; !in || len(ms) > 0 {
 			continue
 		}
-		if lu.early == nil {
-			lu.early = make(map[string]struct{})
+		if lu.gen != gen {
+			return false
 		}
-		lu.early[team] = struct{}{}
+		lu.markEarly(team, c)
+	}
+	return true
+}
+
+// markEarly notes that c (nil: every connection) was not given team's
+// members. Guarded by the hub's mu.
+func (lu *localUser) markEarly(team string, c *client) {
+	if lu.early == nil {
+		lu.early = make(map[string][]*client)
+	}
+	only, ok := lu.early[team]
+	switch {
+	case c == nil:
+		lu.early[team] = nil
+	case !ok:
+		lu.early[team] = []*client{c}
+	case only != nil:
+		lu.early[team] = append(only, c)
 	}
 }

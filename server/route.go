@@ -168,12 +168,14 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		}
 		return "", false
 	}
-	left := false  // the subject was indexed under the team it left
-	again := false // the subject was given the team's members already
+	left := false      // the subject was indexed under the team it left
+	again := false     // the subject was given the team's members already
+	var only []*client // of an early team, the connections not given them (nil: all)
 	if subject != nil && subject.teams != nil {
 		subject.gen++
 		_, member := subject.teams[ev.Team]
-		_, early := subject.early[ev.Team]
+		var early bool
+		only, early = subject.early[ev.Team]
 		delete(subject.early, ev.Team)
 		switch {
 		case ev.Joined && member && !early:
@@ -304,11 +306,14 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		// The subject's own connections need the other side: store queries,
 		// so done off the event path.
 		h.work.enqueue(func(ctx context.Context) {
-			h.reconcileSubject(ctx, ev, subject, leftViews)
+			out := h.reconcileSubject(ctx, ev, subject, leftViews, only)
 			h.mu.Lock()
 			subject.caughtUpLocked(ev.Team, ev.Joined, left)
 			if ev.Joined {
 				delete(subject.early, ev.Team) // given them now
+				if _, in := subject.teams[ev.Team]; out && in {
+					subject.markEarly(ev.Team, nil) // a later join gives them
+				}
 			}
 			h.mu.Unlock()
 		})
@@ -457,7 +462,11 @@ func (h *hub) seenThrough(ctx context.Context, members []string, others map[stri
 // reconcileSubject sends a user who joined a team the present members they
 // could not see before, or drops queued changes of members they no longer
 // share a team with.
-func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, subject *localUser, held map[string]uint64) {
+//
+// only, for a join, limits the pushes to those connections (nil: all). It
+// reports whether a join found the subject out of the team: nothing was
+// given.
+func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, subject *localUser, held map[string]uint64, only []*client) (out bool) {
 	s := h.srv
 	h.mu.RLock()
 	large := h.large[ev.Team]
@@ -487,11 +496,12 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 		return
 	}
 	if ev.Joined && !slices.Contains(members, ev.UserID) {
-		// Removed since: the team's side of a join is written before its
-		// event, so only a later removal takes the joiner out. That
-		// removal's event hides the team; its members are not to be sent
-		// (a join and its removal reaching a node together, at a heal).
-		return
+		// Out of the team as read: removed since (a join and its removal
+		// reaching a node together, at a heal), or the event stood for
+		// another write (an event publishes the user's side as it is
+		// then). Nothing is sent; a later join gives the members (the
+		// caller marks the team early), a removal hides the team.
+		return true
 	}
 	// A team the joiner is leaving showed its members until the leave (its
 	// view may be gone with it); any other, only to the connections its
@@ -585,6 +595,9 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 			var readers []*client
 			if to, ok := moved[p.UserID]; !ok || to == nil {
 				readers = lu.conns
+				if only != nil {
+					readers = only // the others hold the members already
+				}
 			}
 			h.views.readBy(ev.Team, p, readers, crowded)
 			kept = append(kept, p)
@@ -618,6 +631,9 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 			}
 			continue
 		}
+		if only != nil && !slices.Contains(only, c) {
+			continue // given the members by its snapshot
+		}
 		for _, p := range ps {
 			if to, ok := moved[p.UserID]; ok && (!indexed || (to != nil && !slices.Contains(to, c))) {
 				// Not indexed under the team (its watch failed, or the
@@ -632,6 +648,7 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 			}
 		}
 	}
+	return false
 }
 
 // readCatchUp reads the states a joiner's catch-up sends, whole: read while

@@ -174,7 +174,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	teams, err := s.hub.add(ctx, c)
+	teams, gen, err := s.hub.addAt(ctx, c)
 	release() // the hub counts c from here on
 	// A large team's members are not in the snapshot: team_counts follow it.
 	small := s.hub.smallTeams(teams)
@@ -203,7 +203,12 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		c.closeWith(1011, "store unavailable")
 		return
 	}
-	s.hub.notGiven(c.user, reads.members)
+	if !s.hub.notGiven(c, gen, reads.members) {
+		// A membership event of the user came during the read: a join it
+		// left out may have passed already, taking the team for given.
+		c.closeWith(protocol.CloseTryAgainLater, "memberships changed while connecting")
+		return
+	}
 	// The user's own status, for my_status right after welcome, read once
 	// c was in the hub: changes from then on reach c through the hub
 	// (OnStatus) as well; the newer version wins.
