@@ -268,6 +268,16 @@ func (h *hub) remove(c *client) {
 			break
 		}
 	}
+	for team, only := range lu.early {
+		if only == nil {
+			continue // every connection
+		}
+		if only = slices.DeleteFunc(only, func(x *client) bool { return x == c }); len(only) == 0 {
+			delete(lu.early, team)
+		} else {
+			lu.early[team] = only
+		}
+	}
 	if len(lu.conns) > 0 {
 		return
 	}
@@ -401,8 +411,8 @@ func (h *hub) notGiven(c *client, gen uint64, members map[string][]string) bool 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	lu := h.users[c.user]
-	if lu == nil || lu.teams == nil {
-		return true
+	if lu == nil || lu.teams == nil || !slices.Contains(lu.conns, c) {
+		return true // gone: remove ran, or runs
 	}
 	for team, ms := range members {
 		if _, in := lu.teams[team]; !in || len(ms) > 0 {

@@ -26,6 +26,13 @@ import (
 type seam struct {
 	afterRead     func()
 	beforeMembers func(team string)
+	afterMembers  func(team string)
+}
+
+func (s *seam) membersRead(team string) {
+	if f := s.afterMembers; f != nil {
+		f(team)
+	}
 }
 
 func (s *seam) members(team string) {
@@ -60,6 +67,7 @@ func (sharedHooked) Unwatch([]string)                      {}
 
 func (s hookedMem) Members(ctx context.Context, team string) ([]string, error) {
 	s.members(team)
+	defer s.membersRead(team)
 	return s.Store.Members(ctx, team)
 }
 
@@ -83,6 +91,7 @@ func (s hookedRedis) WholePresence(ctx context.Context, users []string) ([]prese
 
 func (s hookedRedis) Members(ctx context.Context, team string) ([]string, error) {
 	s.members(team)
+	defer s.membersRead(team)
 	return s.Store.Members(ctx, team)
 }
 

@@ -178,11 +178,14 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		only, early = subject.early[ev.Team]
 		delete(subject.early, ev.Team)
 		switch {
-		case ev.Joined && member && !early:
+		case ev.Joined && member && !early && (subject.flight == nil || subject.flight.joining[ev.Team] == 0):
 			// A join of a team the subject was in already here (memberships
 			// written back after a FLUSHALL: each is a join to Redis): their
 			// snapshot or an earlier catch-up showed its members, so a
 			// catch-up would send them again (chaos seed 4120: resent).
+			// Not while a catch-up of the team is in flight: it may find
+			// the subject out and give nothing (flight.holds stops what it
+			// would send twice).
 			again = true
 		case ev.Joined && !member:
 			// Indexed only once watched (on the worker): a change routed
@@ -312,7 +315,11 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			if ev.Joined {
 				delete(subject.early, ev.Team) // given them now
 				if _, in := subject.teams[ev.Team]; out && in {
-					subject.markEarly(ev.Team, nil) // a later join gives them
+					// A later join gives them, to the connections here now:
+					// one made since reads them in its snapshot.
+					for _, c := range subject.conns {
+						subject.markEarly(ev.Team, c)
+					}
 				}
 			}
 			h.mu.Unlock()
@@ -573,7 +580,7 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 	}
 	_, indexed := lu.teams[ev.Team]
 	if indexed && ev.Joined && h.views != nil {
-		crowded := len(h.byTeam[ev.Team]) > 1
+		crowded := len(h.byTeam[ev.Team]) > 1 || (only != nil && len(lu.conns) > 1)
 		// Those left out are seen through another team: the joiner holds
 		// what that team's members do, which the team's view must say
 		// (sharesOther goes by it).

@@ -187,3 +187,74 @@ func TestNotGivenAfterAMembershipEventOfTheUserRefuses(t *testing.T) {
 		t.Fatal("notGiven after the user's join came: true, want false (the join took t0 for given)")
 	}
 }
+
+// The re-join's event can come while the first join's catch-up, which
+// read the joiner out, is still in flight: it must not be taken for a join
+// whose members were given.
+func TestRejoinDuringACatchUpThatFoundTheJoinerOutGives(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, sm, local := catchUpHub(t, kind, [][2]string{{"t5", "u09"}})
+		v := online(t, st, "u09")
+		w := &wire{c: local("u01")}
+		if err := st.AddMember(ctx, "t5", "u01"); err != nil {
+			t.Fatal(err)
+		}
+		sm.beforeMembers = func(string) {
+			sm.beforeMembers = nil
+			if err := st.RemoveMember(ctx, "t5", "u01"); err != nil {
+				t.Error(err)
+			}
+		}
+		sm.afterMembers = func(string) {
+			sm.afterMembers = nil
+			// Read out; back in, and the re-join's event comes.
+			if err := st.AddMember(ctx, "t5", "u01"); err != nil {
+				t.Error(err)
+			}
+			h.OnMembership(store.MembershipEvent{Team: "t5", UserID: "u01", Joined: true, UserTeams: store.TeamList{"t5"}})
+		}
+		h.OnMembership(store.MembershipEvent{Team: "t5", UserID: "u01", Joined: true, UserTeams: store.TeamList{"t5"}})
+		runJobs(ctx, h, w)
+		if got, want := w.String(), fmt.Sprintf("[u09=online@%d]", v); got != want {
+			t.Fatalf("u01, back in t5, was sent %s, want %s", got, want)
+		}
+	})
+}
+
+// A connection marked as not given a team's members leaves the mark when
+// it goes: a closed connection is not kept for the join to come.
+func TestNotGivenMarkGoesWithItsConnection(t *testing.T) {
+	ctx := context.Background()
+	h, st, _, local := catchUpHub(t, "redis", [][2]string{{"t0", "u03"}, {"t0", "u09"}})
+	local("u03")
+	if err := st.RemoveMember(ctx, "t0", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	c := &client{srv: h.srv, user: "u03", id: "second"}
+	c.closed.Store(true)
+	teams, gen, err := h.addAt(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, reads, err := h.srv.register(ctx, c, teams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.notGiven(c, gen, reads.members) {
+		t.Fatal("notGiven refused with no membership event")
+	}
+	h.mu.RLock()
+	marked := slices.Contains(h.users["u03"].early["t0"], c)
+	h.mu.RUnlock()
+	if !marked {
+		t.Fatal("t0 not marked as not given to the connection that read none of its members")
+	}
+	h.remove(c)
+	h.mu.RLock()
+	only, left := h.users["u03"].early["t0"]
+	h.mu.RUnlock()
+	if left {
+		t.Fatalf("after the connection went, t0 is still marked for %v", only)
+	}
+}
