@@ -57,6 +57,7 @@ func TestChaosOracle(t *testing.T) {
 		faults       []fault
 		want         map[string]int // figures that must be this (0: must be absent)
 		topology     string         // "cluster"; default one Redis
+		refused      []sess         // u01's device's connect attempts refused (from, to, node)
 	}
 	online := func(recv float64) change {
 		return change{recv: recv, user: "u01", state: "online", version: 1}
@@ -232,6 +233,25 @@ func TestChaosOracle(t *testing.T) {
 			faults:   []fault{{"partition 2s", "a", 4.9, 6.9}},
 			topology: "cluster",
 			want:     map[string]int{"visibility": 1},
+		},
+		// The device, away, tried node c while c was cut off, was refused
+		// and gave up; c had registered it, written at the heal (online,
+		// as a new connection is), and its end only later (chaos seed
+		// 372444857: 6 spurious).
+		"a refused connect to a node cut off is written at the heal": {
+			subject:  []sess{{0, 8, "b", "blip"}},
+			statuses: [][2]any{{5.4, "away"}},
+			refused:  []sess{{8.3, 8.34, "c", ""}},
+			faults:   []fault{{"partition 6.6s", "c", 3.35, 9.96}},
+			changes:  []change{online(0.1), {5.5, 5.5, "u01", "away", "online", 2}, {9.6, 9.6, "u01", "offline", "away", 3}, {10.64, 10.64, "u01", "online", "offline", 4}, {0, 12.05, "u01", "online", "offline", 4}, {14.5, 14.5, "u01", "offline", "online", 5}},
+			want:     map[string]int{"spurious": 0},
+		},
+		"a refused connect to a node not cut off is not": {
+			subject:  []sess{{0, 8, "b", "blip"}},
+			statuses: [][2]any{{5.4, "away"}},
+			refused:  []sess{{8.3, 8.34, "c", ""}},
+			changes:  []change{online(0.1), {5.5, 5.5, "u01", "away", "online", 2}, {9.6, 9.6, "u01", "offline", "away", 3}, {10.64, 10.64, "u01", "online", "offline", 4}, {14.5, 14.5, "u01", "offline", "online", 5}},
+			want:     map[string]int{"spurious": 1},
 		},
 		"the viewer itself": {
 			subject: []sess{{0, 0, "b", ""}},
@@ -410,6 +430,9 @@ func TestChaosOracle(t *testing.T) {
 					dial = h.dialFor
 				}
 				subject.attempts = append(subject.attempts, &attempt{from: at(ss.from - dial), to: at(ss.from), node: ss.node, ok: true})
+			}
+			for _, r := range h.refused {
+				subject.attempts = append(subject.attempts, &attempt{from: at(r.from), to: at(r.to), node: r.node})
 			}
 			for _, st := range h.statuses {
 				subject.statuses = append(subject.statuses, statusChange{at: at(st[0].(float64)), state: st[1].(string)})

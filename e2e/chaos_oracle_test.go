@@ -582,7 +582,7 @@ func (o *oracle) visibleDuring(a, b string, from, to time.Time) bool {
 
 // excused reports the fault, if any, that lets a disagreement at t last
 // longer: Redis-wide faults, or network faults on the viewer's node or on a
-// node where the subject had a device.
+// node where the subject had a device or tried to connect one.
 func (o *oracle) excused(viewerNode string, u *userTruth, t time.Time, lag time.Duration) *faultWindow {
 	for _, f := range o.w.faults {
 		if !o.netFault(f) || f.from.After(t) {
@@ -602,6 +602,14 @@ func (o *oracle) excused(viewerNode string, u *userTruth, t time.Time, lag time.
 		for _, dc := range u.devs {
 			for _, s := range dc.sessions {
 				if s.node == f.node && (interval{from: s.start, to: s.end}).overlaps(f.from.Add(-lag), t) {
+					return f
+				}
+			}
+			// A connect tried there: refused, its registration may be
+			// written at the heal, and live until its end is (chaos seed
+			// 372444857).
+			for _, a := range dc.attempts {
+				if a.node == f.node && (interval{from: a.from, to: a.to}).overlaps(f.from.Add(-lag), t) {
 					return f
 				}
 			}
