@@ -26,14 +26,9 @@ func TestSnapshotLeavesOutATeamLeftWhileItsEventIsOnTheWay(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c, teams := addLocal(t, h, "u03")
-	c.id = "second"
+	c, teams, _, reads := registerSecond(t, h, "u03")
 	if !slices.Contains(teams, "t0") {
 		t.Fatalf("teams %v: the index should still hold t0 (its event was not delivered)", teams)
-	}
-	registered, reads, err := h.srv.register(ctx, c, teams)
-	if err != nil || !registered {
-		t.Fatalf("register: registered %v, err %v", registered, err)
 	}
 	snap, _, err := h.srv.snapshot(ctx, c.user, teams, reads.members)
 	if err != nil {
@@ -64,16 +59,7 @@ func TestJoinWrittenBackAfterASnapshotLeftTheTeamOutGivesItsMembers(t *testing.T
 	if err := st.RemoveMember(ctx, "t0", "u03"); err != nil {
 		t.Fatal(err)
 	}
-	c := &client{srv: h.srv, user: "u03", id: "second"}
-	c.closed.Store(true) // no socket: writes are no-ops
-	teams, gen, err := h.addAt(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	registered, reads, err := h.srv.register(ctx, c, teams)
-	if err != nil || !registered {
-		t.Fatalf("register: registered %v, err %v", registered, err)
-	}
+	c, teams, gen, reads := registerSecond(t, h, "u03")
 	if !h.notGiven(c, gen, reads.members) {
 		t.Fatal("notGiven: no membership event came, yet it reports one")
 	}
@@ -169,16 +155,7 @@ func TestNotGivenAfterAMembershipEventOfTheUserRefuses(t *testing.T) {
 	if err := st.RemoveMember(ctx, "t0", "u03"); err != nil {
 		t.Fatal(err)
 	}
-	c := &client{srv: h.srv, user: "u03", id: "second"}
-	c.closed.Store(true)
-	teams, gen, err := h.addAt(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, reads, err := h.srv.register(ctx, c, teams)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, _, gen, reads := registerSecond(t, h, "u03")
 	if err := st.AddMember(ctx, "t0", "u03"); err != nil {
 		t.Fatal(err)
 	}
@@ -231,16 +208,7 @@ func TestNotGivenMarkGoesWithItsConnection(t *testing.T) {
 	if err := st.RemoveMember(ctx, "t0", "u03"); err != nil {
 		t.Fatal(err)
 	}
-	c := &client{srv: h.srv, user: "u03", id: "second"}
-	c.closed.Store(true)
-	teams, gen, err := h.addAt(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, reads, err := h.srv.register(ctx, c, teams)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, _, gen, reads := registerSecond(t, h, "u03")
 	if !h.notGiven(c, gen, reads.members) {
 		t.Fatal("notGiven refused with no membership event")
 	}
@@ -257,4 +225,23 @@ func TestNotGivenMarkGoesWithItsConnection(t *testing.T) {
 	if left {
 		t.Fatalf("after the connection went, t0 is still marked for %v", only)
 	}
+}
+
+// registerSecond adds a socketless connection of user, which the hub
+// holds already, and registers it as a connect does: the index's teams,
+// the generation they are as of, and what the connect read.
+func registerSecond(t *testing.T, h *hub, user string) (*client, []string, uint64, connectReads) {
+	t.Helper()
+	ctx := context.Background()
+	c := &client{srv: h.srv, user: user, id: "second"}
+	c.closed.Store(true) // no socket: writes are no-ops
+	teams, gen, err := h.addAt(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	registered, reads, err := h.srv.register(ctx, c, teams)
+	if err != nil || !registered {
+		t.Fatalf("register: registered %v, err %v", registered, err)
+	}
+	return c, teams, gen, reads
 }
