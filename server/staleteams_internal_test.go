@@ -150,12 +150,7 @@ func TestJoinCatchUpThatFoundTheJoinerOutLeavesTheNextJoinToGive(t *testing.T) {
 // taking such a team for given: the connect is refused, to be retried.
 func TestNotGivenAfterAMembershipEventOfTheUserRefuses(t *testing.T) {
 	ctx := context.Background()
-	h, st, _, local := catchUpHub(t, "redis", [][2]string{{"t0", "u03"}, {"t0", "u09"}})
-	local("u03")
-	if err := st.RemoveMember(ctx, "t0", "u03"); err != nil {
-		t.Fatal(err)
-	}
-	c, _, gen, reads := registerSecond(t, h, "u03")
+	h, st, c, gen, reads := secondAfterAHeldRemoval(t)
 	if err := st.AddMember(ctx, "t0", "u03"); err != nil {
 		t.Fatal(err)
 	}
@@ -202,13 +197,7 @@ func TestRejoinDuringACatchUpThatFoundTheJoinerOutGives(t *testing.T) {
 // A connection marked as not given a team's members leaves the mark when
 // it goes: a closed connection is not kept for the join to come.
 func TestNotGivenMarkGoesWithItsConnection(t *testing.T) {
-	ctx := context.Background()
-	h, st, _, local := catchUpHub(t, "redis", [][2]string{{"t0", "u03"}, {"t0", "u09"}})
-	local("u03")
-	if err := st.RemoveMember(ctx, "t0", "u03"); err != nil {
-		t.Fatal(err)
-	}
-	c, _, gen, reads := registerSecond(t, h, "u03")
+	h, _, c, gen, reads := secondAfterAHeldRemoval(t)
 	if !h.notGiven(c, gen, reads.members) {
 		t.Fatal("notGiven refused with no membership event")
 	}
@@ -244,4 +233,18 @@ func registerSecond(t *testing.T, h *hub, user string) (*client, []string, uint6
 		t.Fatalf("register: registered %v, err %v", registered, err)
 	}
 	return c, teams, gen, reads
+}
+
+// secondAfterAHeldRemoval is a hub holding u03 in t0 (with u09), whose
+// removal from t0 is written but its event held, and a second connection
+// of u03 registered there.
+func secondAfterAHeldRemoval(t *testing.T) (*hub, store.Store, *client, uint64, connectReads) {
+	t.Helper()
+	h, st, _, local := catchUpHub(t, "redis", [][2]string{{"t0", "u03"}, {"t0", "u09"}})
+	local("u03")
+	if err := st.RemoveMember(context.Background(), "t0", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	c, _, gen, reads := registerSecond(t, h, "u03")
+	return h, st, c, gen, reads
 }
