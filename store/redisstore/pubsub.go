@@ -76,9 +76,9 @@ func (sb *subscriber) start(ctx context.Context) error {
 	}
 	// App messages have their own connection and reader: a burst of them
 	// must not hold up membership and presence events (those two wait for
-	// each other on one Redis, below: order first), and a resubscription after an
-	// outage needs no resync (they are delivered at most once anyway).
-	// Only nodes that serve them hold that connection.
+	// each other on one Redis, below: order first), and a resubscription
+	// after an outage needs no resync (they are delivered at most once
+	// anyway). Only nodes that serve them hold that connection.
 	var px *redis.PubSub
 	if sb.s.cfg.Broadcasts {
 		px = sb.s.rdb.SSubscribe(ctx, pxChannel)
