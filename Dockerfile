@@ -15,8 +15,10 @@ ARG GO_VERSION=1.26
 # multi-platform build (--platform linux/amd64,linux/arm64) needs no emulation.
 FROM --platform=$BUILDPLATFORM docker.io/library/golang:${GO_VERSION} AS build
 WORKDIR /src
-# Modules first: this layer is reused until go.mod or go.sum change.
+# Modules first: this layer is reused until go.mod or go.sum change. The
+# patched nbio (third_party/nbio, a replace in go.mod) is read here too.
 COPY go.mod go.sum ./
+COPY third_party ./third_party
 RUN go mod download
 COPY . .
 ARG VERSION=dev

@@ -85,8 +85,8 @@ func connectThenClose(addr, user string, kick bool) error {
 		return fmt.Errorf("first frame %q, want welcome", data)
 	}
 	// And the snapshot: the server writes nothing more unasked, so no
-	// write of its fails on the dropped socket (nbio closes a socket whose
-	// write fails itself, off its poller: a known issue).
+	// write of its fails on the dropped socket (TestConnectsAmidResets
+	// covers those).
 	for !bytes.Contains(data[:min(len(data), 32)], []byte(`"snapshot"`)) {
 		if _, data, err = c.Read(ctx); err != nil {
 			return fmt.Errorf("read snapshot: %w", err)
@@ -100,4 +100,66 @@ func connectThenClose(addr, user string, kick bool) error {
 	}
 	_ = c.Close(websocket.StatusNormalClosure, "")
 	return nil
+}
+
+// TestConnectsAmidResets churns connects while clients drop theirs the
+// moment they are upgraded, unread: the socket is reset, and the server's
+// write of the welcome or the snapshot fails. nbio closes a socket whose
+// write failed itself, on the writing goroutine, off its poller; while
+// the poller held the reset's event, the next accepted socket took the
+// same number and was handed that event, and was closed unanswered (a
+// refused connect's client saw EOF in TestJWTAudienceAndIssuerFlags). The
+// patched nbio (third_party/nbio) tags each registration. Every connect
+// must be answered.
+func TestConnectsAmidResets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a stress test")
+	}
+	ts := startServer(t)
+	const (
+		workers   = 8
+		perWorker = 1500
+	)
+	deadline := time.Now().Add(20 * time.Second)
+	var (
+		connects atomic.Int64
+		failed   atomic.Int64
+		mu       sync.Mutex
+		errs     []string
+		wg       sync.WaitGroup
+	)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < perWorker && time.Now().Before(deadline); i++ {
+				connects.Add(1)
+				user := fmt.Sprintf("u%d-%d", w, i)
+				if err := connectThenReset(ts.addr, user); err != nil {
+					failed.Add(1)
+					mu.Lock()
+					if len(errs) < 5 {
+						errs = append(errs, fmt.Sprintf("%s: %v", user, err))
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d connects", connects.Load())
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of %d connects not answered, e.g. %v", n, connects.Load(), errs)
+	}
+}
+
+// connectThenReset connects as user and drops the socket at once.
+func connectThenReset(addr, user string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, "ws://"+addr+"/v1/connect?user="+user, nil)
+	if err != nil {
+		return fmt.Errorf("dial: %w", err)
+	}
+	return c.CloseNow()
 }

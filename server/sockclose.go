@@ -25,9 +25,11 @@ import (
 // So the server closes no socket off its poller: it shuts the socket down
 // (the peer gets a FIN after what was written, as on a close), and the
 // poller, seeing the hang-up in its next batch, closes the socket itself.
-// nbio still closes a few off its poller where no handler of ours runs
-// first: a failed write, a read deadline (the handshake timeout), a text
-// frame of invalid UTF-8 (CHANGELOG, known issues).
+// nbio closes a few off its poller where no handler of ours runs first: a
+// failed write, a read deadline (the handshake timeout), a text frame of
+// invalid UTF-8. For those, our copy of nbio (third_party/nbio) tags each
+// registration with a generation that its events carry, so an old
+// socket's event is not handed to a new one.
 
 // closeOnPoller ends nbc's connection from any goroutine; nbc's poller
 // closes it.
