@@ -353,10 +353,13 @@ func (sb *subscriber) movedLocked(ps *redis.PubSub) {
 func (sb *subscriber) replace(old *redis.PubSub) {
 	backoff := 50 * time.Millisecond
 	for {
-		// go-redis learns of a failover from the first command redirected
-		// (MOVED); a subscription made before would go to the old master.
 		if cc, ok := sb.s.rdb.(*redis.ClusterClient); ok {
-			cc.ReloadState(sb.ctx)
+			sb.mu.Lock()
+			bucket, held := sb.bucketOfLocked(old)
+			sb.mu.Unlock()
+			if held {
+				sb.awaitMaster(cc, bucket+"}")
+			}
 		}
 		sb.mu.Lock()
 		if sb.ctx.Err() != nil {
@@ -399,23 +402,9 @@ func (sb *subscriber) replace(old *redis.PubSub) {
 // channels held on it marked unconfirmed, and returns it with a channel per
 // channel closed once Redis confirms it; nil if old is no longer in use.
 func (sb *subscriber) resubscribeLocked(old *redis.PubSub) (*redis.PubSub, []<-chan struct{}) {
-	var bucket string
-	switch {
-	case old == sb.members:
-		bucket = sb.bucket(membershipChannel)
-	case old == sb.px && old != nil:
-		bucket = sb.bucket(pxChannel)
-	default:
-		found := false
-		for b, ps := range sb.shards {
-			if ps == old {
-				bucket, found = b, true
-				break
-			}
-		}
-		if !found {
-			return nil, nil
-		}
+	bucket, held := sb.bucketOfLocked(old)
+	if !held {
+		return nil, nil
 	}
 	var chans []string
 	var wait []<-chan struct{}
@@ -446,6 +435,70 @@ func (sb *subscriber) resubscribeLocked(old *redis.PubSub) (*redis.PubSub, []<-c
 	}
 	sb.read(nps)
 	return nps, wait
+}
+
+// bucketOfLocked is the bucket whose channels ps holds; false if ps is no
+// longer in use.
+func (sb *subscriber) bucketOfLocked(ps *redis.PubSub) (string, bool) {
+	switch {
+	case ps == sb.members:
+		return sb.bucket(membershipChannel), true
+	case ps == sb.px && ps != nil:
+		return sb.bucket(pxChannel), true
+	}
+	for b, held := range sb.shards {
+		if held == ps {
+			return b, true
+		}
+	}
+	return "", false
+}
+
+// awaitMaster waits until cc's slot map gives key's slot to a node that
+// says it is a master, or sb stops. Redis drops the subscriptions of a
+// slot as the slot moves, before go-redis knows: it learns of a failover
+// from a redirected command (MOVED) or a reload, which ReloadState only
+// starts. Subscribed by the old map, the channels would go to the former
+// master, a replica being reconfigured that hears none of the shard's
+// messages until the new master counts it as its own (seconds, finding 24
+// of docs/reliability-findings.md), and the resync that follows the
+// confirmation would come before the changes it missed.
+func (sb *subscriber) awaitMaster(cc *redis.ClusterClient, key string) {
+	start := time.Now()
+	warned := false
+	for d := 20 * time.Millisecond; ; d = min(2*d, 500*time.Millisecond) {
+		cc.ReloadState(sb.ctx)
+		ctx, cancel := context.WithTimeout(sb.ctx, time.Second)
+		role, err := masterRole(ctx, cc, key)
+		cancel()
+		if role == "master" || sb.ctx.Err() != nil {
+			return
+		}
+		if !warned && time.Since(start) > 5*time.Second {
+			warned = true
+			sb.s.log.Warn("no master for the dropped subscriptions' slot yet; waiting", "role", role, "err", err)
+		}
+		select {
+		case <-sb.ctx.Done():
+			return
+		case <-time.After(d):
+		}
+	}
+}
+
+// masterRole is the role (ROLE) of the node that cc's slot map gives key's
+// slot to.
+func masterRole(ctx context.Context, cc *redis.ClusterClient, key string) (string, error) {
+	node, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	reply, err := node.Do(ctx, "ROLE").Slice()
+	if err != nil || len(reply) == 0 {
+		return "", err
+	}
+	role, _ := reply[0].(string)
+	return role, nil
 }
 
 func waitAll(ctx context.Context, wait []<-chan struct{}) error {

@@ -84,6 +84,10 @@ type Config struct {
 	// deployment should agree on it. store.ChannelCountsTTL (15s).
 	ChannelCountsTTL time.Duration
 	Logger           *slog.Logger
+
+	// clusterSlots, when set (tests), gives the cluster client its slot
+	// map in place of CLUSTER SLOTS.
+	clusterSlots func(context.Context) ([]redis.ClusterSlot, error)
 }
 
 type localConn struct {
@@ -259,6 +263,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			WriteTimeout: opts.WriteTimeout,
 			PoolSize:     opts.PoolSize,
 			MaxRetries:   -1,
+			ClusterSlots: cfg.clusterSlots,
 
 			ContextTimeoutEnabled: true,
 		})
