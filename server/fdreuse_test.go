@@ -26,11 +26,16 @@ func TestConnectsAmidCloses(t *testing.T) {
 		t.Skip("a stress test")
 	}
 	ts := startServer(t)
-	const (
-		workers   = 16
-		perWorker = 2000
-	)
-	// Bounded in time too: -race on a loaded machine is far slower.
+	churn(t, 16, 2000, func(w, i int) error {
+		return connectThenClose(ts.addr, fmt.Sprintf("u%d-%d", w, i), (w+i)%2 == 1)
+	})
+}
+
+// churn runs connect perWorker times on each of workers goroutines, for
+// 20 s at most (-race on a loaded machine is far slower), and fails the
+// test on any error.
+func churn(t *testing.T, workers, perWorker int, connect func(w, i int) error) {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	var (
 		connects atomic.Int64
@@ -45,13 +50,11 @@ func TestConnectsAmidCloses(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < perWorker && time.Now().Before(deadline); i++ {
 				connects.Add(1)
-				user := fmt.Sprintf("u%d-%d", w, i)
-				kick := (w+i)%2 == 1
-				if err := connectThenClose(ts.addr, user, kick); err != nil {
+				if err := connect(w, i); err != nil {
 					failed.Add(1)
 					mu.Lock()
 					if len(errs) < 5 {
-						errs = append(errs, fmt.Sprintf("%s: %v", user, err))
+						errs = append(errs, fmt.Sprintf("worker %d, connect %d: %v", w, i, err))
 					}
 					mu.Unlock()
 				}
@@ -116,41 +119,9 @@ func TestConnectsAmidResets(t *testing.T) {
 		t.Skip("a stress test")
 	}
 	ts := startServer(t)
-	const (
-		workers   = 8
-		perWorker = 1500
-	)
-	deadline := time.Now().Add(20 * time.Second)
-	var (
-		connects atomic.Int64
-		failed   atomic.Int64
-		mu       sync.Mutex
-		errs     []string
-		wg       sync.WaitGroup
-	)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < perWorker && time.Now().Before(deadline); i++ {
-				connects.Add(1)
-				user := fmt.Sprintf("u%d-%d", w, i)
-				if err := connectThenReset(ts.addr, user); err != nil {
-					failed.Add(1)
-					mu.Lock()
-					if len(errs) < 5 {
-						errs = append(errs, fmt.Sprintf("%s: %v", user, err))
-					}
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	t.Logf("%d connects", connects.Load())
-	if n := failed.Load(); n > 0 {
-		t.Errorf("%d of %d connects not answered, e.g. %v", n, connects.Load(), errs)
-	}
+	churn(t, 8, 1500, func(w, i int) error {
+		return connectThenReset(ts.addr, fmt.Sprintf("u%d-%d", w, i))
+	})
 }
 
 // connectThenReset connects as user and drops the socket at once.
