@@ -140,7 +140,8 @@ func (p *poller) addRead(fd int) {
 }
 
 //go:norace
-func (p *poller) resetRead(fd int) error {
+func (p *poller) resetRead(c *Conn) error {
+	fd := c.fd
 	p.mux.Lock()
 	p.eventList = append(p.eventList, syscall.Kevent_t{Ident: uint64(fd), Flags: syscall.EV_DELETE, Filter: syscall.EVFILT_WRITE})
 	p.mux.Unlock()
@@ -148,7 +149,8 @@ func (p *poller) resetRead(fd int) error {
 }
 
 //go:norace
-func (p *poller) modWrite(fd int) error {
+func (p *poller) modWrite(c *Conn) error {
+	fd := c.fd
 	p.mux.Lock()
 	p.eventList = append(p.eventList, syscall.Kevent_t{Ident: uint64(fd), Flags: syscall.EV_ADD, Filter: syscall.EVFILT_WRITE})
 	p.mux.Unlock()
