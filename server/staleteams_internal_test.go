@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/greendot/greendot/store"
 )
@@ -247,4 +249,45 @@ func secondAfterAHeldRemoval(t *testing.T) (*hub, store.Store, *client, uint64, 
 	}
 	c, _, gen, reads := registerSecond(t, h, "u03")
 	return h, st, c, gen, reads
+}
+
+// Chaos seed 788421645 (one Redis): a resync's read of t0 was asked as a
+// partition of the node began and answered at its heal, 4.8 s later; u06,
+// removed from t0 meanwhile (the event held with the answer), was pushed
+// the changes of two t0 members as read before the removal. A read
+// answered that late is asked again, and the new answer's removal is
+// applied before anything is pushed.
+func TestResyncReadAnsweredLateIsReadAgain(t *testing.T) {
+	eachSharedStore(t, func(t *testing.T, kind string) {
+		ctx := context.Background()
+		h, st, sm, local := catchUpHub(t, kind, [][2]string{{"t", "alice"}, {"t", "bob"}, {"t", "carol"}})
+		var now atomic.Int64
+		now.Store(time.Now().UnixNano())
+		h.srv.cfg.Now = func() time.Time { return time.Unix(0, now.Load()) }
+		online(t, st, "bob")
+		wa, wc := &wire{c: local("alice")}, &wire{c: local("carol")}
+		v := away(t, st, "bob") // its event missed, as in an outage: the resync tells it
+		late := true
+		sm.afterMembers = func(string) {
+			if !late {
+				return
+			}
+			late = false
+			// Answered 2 s after it was asked, alice left t meanwhile; the
+			// event of it was held with the answer.
+			if err := st.RemoveMember(ctx, "t", "alice"); err != nil {
+				t.Error(err)
+			}
+			now.Add(int64(2 * time.Second))
+		}
+		h.resync(noFloor)
+		wa.write()
+		wc.write()
+		if len(wa.sent) > 0 {
+			t.Errorf("alice, removed from t during the resync's read, was sent %s", wa.String())
+		}
+		if want := fmt.Sprintf("[bob=away@%d]", v); wc.String() != want {
+			t.Errorf("carol, still in t, was sent %s, want %s", wc.String(), want)
+		}
+	})
 }
