@@ -58,6 +58,7 @@ func TestChaosOracle(t *testing.T) {
 		want         map[string]int // figures that must be this (0: must be absent)
 		topology     string         // "cluster"; default one Redis
 		refused      []sess         // u01's device's connect attempts refused (from, to, node)
+		restarted    float64        // when the first fault's node was started again; 0: not known
 	}
 	online := func(recv float64) change {
 		return change{recv: recv, user: "u01", state: "online", version: 1}
@@ -165,6 +166,26 @@ func TestChaosOracle(t *testing.T) {
 			changes: []change{online(0.1)},
 			wire:    []wire{{0.1, true, "u01", "online", 5}, {13, false, "u01", "online", 5}},
 			want:    map[string]int{"resent": 1},
+		},
+		// A node killed and started again tells every node to resync at its
+		// new process's first beat, before it answers (chaos seed
+		// 621771424: the resend came 10 ms before the fault's end); a
+		// resend in that resync is a recovery's.
+		"the same version twice as a killed node starts again": {
+			subject:   []sess{{0, 0, "b", ""}},
+			faults:    []fault{{"kill -9", "c", 2, 12.07}},
+			restarted: 12.01,
+			changes:   []change{online(0.1)},
+			wire:      []wire{{0.1, true, "u01", "online", 5}, {12.06, false, "u01", "online", 5}},
+			want:      map[string]int{"resent": 0},
+		},
+		"the same version twice before a killed node starts again": {
+			subject:   []sess{{0, 0, "b", ""}},
+			faults:    []fault{{"kill -9", "c", 2, 12.07}},
+			restarted: 12.01,
+			changes:   []change{online(0.1)},
+			wire:      []wire{{0.1, true, "u01", "online", 5}, {11.9, false, "u01", "online", 5}},
+			want:      map[string]int{"resent": 1},
 		},
 		"the same version twice, outside any recovery": {
 			subject: []sess{{0, 0, "b", ""}},
@@ -391,8 +412,12 @@ func TestChaosOracle(t *testing.T) {
 					w.spans = append(w.spans, sp)
 				}
 			}
-			for _, f := range h.faults {
-				w.faults = append(w.faults, &faultWindow{kind: f.kind, node: f.node, interval: interval{from: at(f.from), to: at(f.to)}})
+			for i, f := range h.faults {
+				fw := &faultWindow{kind: f.kind, node: f.node, interval: interval{from: at(f.from), to: at(f.to)}}
+				if i == 0 && h.restarted != 0 {
+					fw.started = at(h.restarted)
+				}
+				w.faults = append(w.faults, fw)
 			}
 			viewer := &device{w: w, id: 1, user: "u00", name: "d1"}
 			viewer.sessions = []*session{{start: at(-5), node: "a"}}

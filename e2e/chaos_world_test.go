@@ -382,6 +382,9 @@ type faultWindow struct {
 	redis bool   // it touches Redis for everyone
 	interval
 	detail string
+	// started: of a node's restart, when its new process was started
+	// (before to, when it answered).
+	started time.Time
 }
 
 type world struct {
@@ -767,6 +770,9 @@ func (w *world) restartNode(n *chaosNode, drain bool, down time.Duration) {
 		n.kill()
 	}
 	time.Sleep(down)
+	w.mu.Lock()
+	f.started = time.Now()
+	w.mu.Unlock()
 	if err := n.start(); err != nil {
 		w.note("restart of %s: %v", n.name, err)
 		w.count("restart failed")
