@@ -113,3 +113,44 @@ func TestDroppedSubscriptionsMoveToTheNewMasterOnly(t *testing.T) {
 		return nil
 	})
 }
+
+// A Redis user not allowed ROLE (it is an @admin command) cannot tell a
+// master from a replica: the dropped subscriptions are made again by the
+// slot map as it is rather than waited on for ever.
+func TestDroppedSubscriptionsComeBackForAUserWithoutROLE(t *testing.T) {
+	c := redistest.StartClusterWithReplicas(t, 3)
+	for _, n := range append(append([]*redistest.Server(nil), c.Nodes...), c.Replicas...) {
+		if _, err := n.Do("ACL", "SETUSER", "gd", "on", ">pw", "~*", "&*", "+@all", "-role"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, _ := mkWith(t, Config{URL: "redis://gd:pw@" + c.Nodes[0].Addr(), Node: "a", TTL: 10 * time.Second,
+		Grace: 100 * time.Millisecond, NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond})
+	ch := teamChannel("t")
+	confirmed := func() error {
+		s.subs.mu.Lock()
+		defer s.subs.mu.Unlock()
+		if st := s.subs.chans[ch]; st == nil || !st.confirmed || len(s.subs.replacing) > 0 {
+			return fmt.Errorf("%s not confirmed yet", ch)
+		}
+		return nil
+	}
+	testwait.For(t, 10*time.Second, confirmed)
+	bucket := s.subs.bucket(ch)
+	s.subs.mu.Lock()
+	before := s.subs.shards[bucket]
+	s.subs.mu.Unlock()
+	owner := c.Owner(t, "gd:"+ch[strings.Index(ch, "{"):strings.Index(ch, "}")+1])
+	c.Failover(t, c.ReplicaOf(t, owner))
+	// Redis drops the subscription as the slot moves: a new one must
+	// take its place, confirmed.
+	testwait.For(t, 15*time.Second, func() error {
+		s.subs.mu.Lock()
+		now := s.subs.shards[bucket]
+		s.subs.mu.Unlock()
+		if now == before {
+			return fmt.Errorf("%s still on its first subscription", ch)
+		}
+		return confirmed()
+	})
+}

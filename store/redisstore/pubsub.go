@@ -474,6 +474,13 @@ func (sb *subscriber) awaitMaster(cc *redis.ClusterClient, key string) {
 		if role == "master" || sb.ctx.Err() != nil {
 			return
 		}
+		// A node that answers with an error (a user not allowed ROLE)
+		// will not answer otherwise: subscribed by the map as it is.
+		var refused redis.Error
+		if errors.As(err, &refused) {
+			sb.s.log.Warn("cannot ask ROLE; subscribing by the slot map as it is", "err", err)
+			return
+		}
 		if !warned && time.Since(start) > 5*time.Second {
 			warned = true
 			sb.s.log.Warn("no master for the dropped subscriptions' slot yet; waiting", "role", role, "err", err)
