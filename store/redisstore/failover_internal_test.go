@@ -57,14 +57,7 @@ func TestDroppedSubscriptionsMoveToTheNewMasterOnly(t *testing.T) {
 	}
 	s, _ := mkWith(t, cfg)
 	ch := teamChannel("t")
-	confirmed := func() error {
-		s.subs.mu.Lock()
-		defer s.subs.mu.Unlock()
-		if st := s.subs.chans[ch]; st == nil || !st.confirmed || len(s.subs.replacing) > 0 {
-			return fmt.Errorf("%s not confirmed yet", ch)
-		}
-		return nil
-	}
+	confirmed := func() error { return subscribed(s, ch) }
 	testwait.For(t, 10*time.Second, confirmed)
 
 	m, err := fresh(context.Background())
@@ -127,14 +120,7 @@ func TestDroppedSubscriptionsComeBackForAUserWithoutROLE(t *testing.T) {
 	s, _ := mkWith(t, Config{URL: "redis://gd:pw@" + c.Nodes[0].Addr(), Node: "a", TTL: 10 * time.Second,
 		Grace: 100 * time.Millisecond, NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond})
 	ch := teamChannel("t")
-	confirmed := func() error {
-		s.subs.mu.Lock()
-		defer s.subs.mu.Unlock()
-		if st := s.subs.chans[ch]; st == nil || !st.confirmed || len(s.subs.replacing) > 0 {
-			return fmt.Errorf("%s not confirmed yet", ch)
-		}
-		return nil
-	}
+	confirmed := func() error { return subscribed(s, ch) }
 	testwait.For(t, 10*time.Second, confirmed)
 	bucket := s.subs.bucket(ch)
 	s.subs.mu.Lock()
@@ -153,4 +139,15 @@ func TestDroppedSubscriptionsComeBackForAUserWithoutROLE(t *testing.T) {
 		}
 		return confirmed()
 	})
+}
+
+// subscribed reports whether s has ch confirmed, with no replacement of a
+// subscription under way.
+func subscribed(s *Store, ch string) error {
+	s.subs.mu.Lock()
+	defer s.subs.mu.Unlock()
+	if st := s.subs.chans[ch]; st == nil || !st.confirmed || len(s.subs.replacing) > 0 {
+		return fmt.Errorf("%s not confirmed yet", ch)
+	}
+	return nil
 }
