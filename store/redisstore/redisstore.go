@@ -444,13 +444,22 @@ func (s *Store) Connect(ctx context.Context, c presence.Conn) error {
 // assert: a re-assertion of a connection this node holds.
 func (s *Store) connect(ctx context.Context, c presence.Conn, lc localConn, assert bool) error {
 	start := time.Now()
+	known := assert
 	if !assert {
 		// Redis checks ids within the user's shard; ids are random, and this
 		// node's own are checked here across shards.
 		s.mu.Lock()
-		lc, dup := s.conns[c.ID]
+		held, dup := s.conns[c.ID]
+		if dup && held.user == c.UserID {
+			// The server asserting again a connection Redis lost (a status
+			// write found it unknown). Its count of status writes goes on:
+			// started again at 0, it would lose to the count a re-assertion
+			// of this node wrote, and Redis would ignore the next status
+			// writes (chaos, seed 621771424).
+			lc, known = *held, true
+		}
 		s.mu.Unlock()
-		if dup && lc.user != c.UserID {
+		if dup && !known {
 			return ErrDuplicateConn
 		}
 	}
@@ -459,7 +468,7 @@ func (s *Store) connect(ctx context.Context, c presence.Conn, lc localConn, asse
 	}
 	keys, args := s.connectCall(c, lc, assert)
 	v, err := run(ctx, s.rdb, s.sc.connect, keys, args...)
-	return s.connected(ctx, c, lc, assert, v, err, start)
+	return s.connected(ctx, c, lc, known, v, err, start)
 }
 
 // connectCall is the connect script's keys and arguments.
@@ -469,11 +478,12 @@ func (s *Store) connectCall(c presence.Conn, lc localConn, assert bool) ([]strin
 }
 
 // connected takes the connect script's reply v (or its error): it records
-// the connection and publishes what the script changed.
-func (s *Store) connected(ctx context.Context, c presence.Conn, lc localConn, assert bool, v any, err error, start time.Time) error {
+// the connection and publishes what the script changed. known: the node
+// held the connection before (a re-assertion).
+func (s *Store) connected(ctx context.Context, c presence.Conn, lc localConn, known bool, v any, err error, start time.Time) error {
 	if err != nil {
 		s.noteLostReply(err)
-		if !assert && !isRedisReply(err) {
+		if !known && !isRedisReply(err) {
 			// The script may have run: make sure no ghost stays behind.
 			s.endLater(pendingEnd{id: c.ID, user: c.UserID, node: c.Node, cause: presence.Closed})
 		}
@@ -481,7 +491,7 @@ func (s *Store) connected(ctx context.Context, c presence.Conn, lc localConn, as
 	}
 	s.mu.Lock()
 	_, live := s.conns[c.ID]
-	if !assert {
+	if !known {
 		s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, node: c.Node, active: lc.active}
 	}
 	// A re-asserted connection keeps its entry: a status change may have
@@ -490,7 +500,7 @@ func (s *Store) connected(ctx context.Context, c presence.Conn, lc localConn, as
 	if err := s.apply(ctx, store.OpConnect, v, start); err != nil {
 		return err
 	}
-	if assert && !live {
+	if known && !live {
 		// Closed while being re-asserted: end it in Redis too.
 		s.endInRedis(ctx, c.ID, c.UserID, c.Node)
 	}

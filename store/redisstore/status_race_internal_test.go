@@ -67,3 +67,44 @@ func TestLateReassertKeepsNewerStatus(t *testing.T) {
 		})
 	}
 }
+
+// The server asserts a connection again through Connect when a status
+// write finds it unknown (Redis lost it); the node's own re-assertion,
+// which read the connection before, may land after that. Connect used to
+// start the connection's count of status writes again at 0, so Redis,
+// holding the re-assertion's higher count, ignored the next status writes
+// (chaos, one Redis, seed 621771424, after an empty restart: viewers
+// showed away for seconds a user who had gone online).
+func TestConnectOfAConnectionHeldKeepsItsStatusCount(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", 25*time.Second, 300*time.Millisecond)
+	must(t, s.AddMember(ctx, "t", "bob"))
+	conn := presence.Conn{ID: "c1", UserID: "bob", Device: "web"}
+	must(t, s.Connect(ctx, conn))
+	must(t, s.SetStatus(ctx, "c1", false))
+	must(t, s.SetStatus(ctx, "c1", true))
+
+	if _, err := r.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	// The device goes idle; Redis no longer knows the connection.
+	if err := s.SetStatus(ctx, "c1", false); err != ErrUnknownConn {
+		t.Fatalf("status write after the loss: err %v, want ErrUnknownConn", err)
+	}
+	s.mu.Lock()
+	read := assertion{"c1", *s.conns["c1"]} // the node's re-assertion reads it
+	s.mu.Unlock()
+	idle := conn
+	idle.Idle = true
+	must(t, s.Connect(ctx, idle))          // the server asserts it again
+	must(t, s.SetStatus(ctx, "c1", false)) // and writes the status again
+	must(t, s.reassertAll(ctx, []assertion{read}))
+
+	must(t, s.SetStatus(ctx, "c1", true)) // the device is active again
+	got, err := s.Presence(ctx, []string{"bob"})
+	must(t, err)
+	if got[0].State != presence.Online {
+		t.Fatalf("bob is %v after going active again, want online: Redis ignored the status write", got[0].State)
+	}
+}
