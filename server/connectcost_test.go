@@ -47,7 +47,7 @@ func (s *readCounted) Connect(ctx context.Context, c presence.Conn) error {
 	return s.Store.Connect(ctx, c)
 }
 
-func (s *readCounted) ConnectRead(ctx context.Context, c presence.Conn, teams []string) (presence.Presence, [][]string, bool, error) {
+func (s *readCounted) ConnectRead(ctx context.Context, c presence.Conn, teams []string) (store.ConnectReads, bool, error) {
 	s.note("ConnectRead")
 	return s.Store.ConnectRead(ctx, c, teams)
 }

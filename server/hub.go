@@ -407,7 +407,20 @@ func (h *hub) ensureIndexed(ctx context.Context, user, team string) {
 // its removal, its catch-up gives c the members, which the index would
 // otherwise take for given. It reports false when a membership event of
 // the user came since gen (hub.add's): that join may have passed already.
-func (h *hub) notGiven(c *client, gen uint64, members map[string][]string) bool {
+//
+// It reports false too when the read (r.teams) has the user in a team the
+// connect did not use (used, hub.add's): the index lacks a join whose event
+// has not come, or was lost and waits for a resync. The snapshot would
+// leave the team's members out, and a client takes those it holds for
+// offline (chaos, one Redis, seed 621771424: a reconnect at the heal of
+// its node's cut from Redis).
+func (h *hub) notGiven(c *client, gen uint64, used []string, r connectReads) bool {
+	for _, t := range r.teams {
+		if !slices.Contains(used, t) {
+			return false
+		}
+	}
+	members := r.members
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	lu := h.users[c.user]

@@ -27,26 +27,32 @@ func (s *Server) snapshot(ctx context.Context, user string, teams []string, memb
 type connectReads struct {
 	own     presence.Presence   // the user's own presence, for my_status
 	members map[string][]string // the members of the teams asked; nil: not read
+	teams   []string            // the user's teams as of the read, sorted; nil: not read
 }
 
 // register registers c in the store and reads the user's own presence,
 // and, when the store reads them in the same round trip
-// (store.ConnectReader), the members of teams for the snapshot.
+// (store.ConnectReader), the members of teams for the snapshot and the
+// user's teams as of that read.
 // registered: c is in the store, and is to be ended like any other
 // connection even if err (a failed read) is set.
 func (s *Server) register(ctx context.Context, c *client, teams []string) (registered bool, r connectReads, err error) {
 	conn := presence.Conn{ID: c.id, UserID: c.user, Device: c.device, Node: s.cfg.NodeID}
 	if cr, ok := s.store.(store.ConnectReader); ok {
-		var ms [][]string
+		var read store.ConnectReads
 		err = s.timed(store.OpConnect, func() error {
 			var err error
-			r.own, ms, registered, err = cr.ConnectRead(ctx, conn, teams)
+			read, registered, err = cr.ConnectRead(ctx, conn, teams)
 			return err
 		})
 		if err == nil {
+			r.own, r.teams = read.Own, read.Teams
+			if r.teams == nil {
+				r.teams = []string{}
+			}
 			r.members = make(map[string][]string, len(teams))
 			for i, t := range teams {
-				r.members[t] = ms[i]
+				r.members[t] = read.Members[i]
 			}
 		}
 		return registered, r, err

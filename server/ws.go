@@ -203,9 +203,10 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		c.closeWith(1011, "store unavailable")
 		return
 	}
-	if !s.hub.notGiven(c, gen, reads.members) {
-		// A membership event of the user came during the read: a join it
-		// left out may have passed already, taking the team for given.
+	if !s.hub.notGiven(c, gen, teams, reads) {
+		// A membership event of the user came during the read, or the
+		// read has the user in a team whose join the index lacks: the
+		// snapshot would leave out members.
 		c.closeWith(protocol.CloseTryAgainLater, "memberships changed while connecting")
 		return
 	}

@@ -109,14 +109,23 @@ type MembersBatcher interface {
 // than Connect, Presence and MembersOfMany one after the other (Redis: one
 // pipeline instead of three). The server falls back to those without it.
 type ConnectReader interface {
-	// ConnectRead is Connect, then a read of the user's own presence and of
-	// the members of teams (aligned with teams, sorted, nil for a team
-	// without members or one the user is no longer in as of the read: the
-	// caller's teams may be older than the read; callers must not modify
-	// them). registered reports
-	// whether the connection was registered: an error with registered true
-	// is a failed read, and the connection is to be ended like any other.
-	ConnectRead(ctx context.Context, c presence.Conn, teams []string) (own presence.Presence, members [][]string, registered bool, err error)
+	// ConnectRead is Connect, then the reads of ConnectReads. registered
+	// reports whether the connection was registered: an error with
+	// registered true is a failed read, and the connection is to be ended
+	// like any other.
+	ConnectRead(ctx context.Context, c presence.Conn, teams []string) (r ConnectReads, registered bool, err error)
+}
+
+// ConnectReads is what ConnectRead reads once the connection is registered.
+// The caller's teams may be older than the read (a node's index, which a
+// membership event has not reached yet): Teams says which hold as of it.
+// Callers must not modify the slices.
+type ConnectReads struct {
+	Own presence.Presence // the user's own presence
+	// Members of each team asked (aligned with them, sorted): nil for a
+	// team without members or one the user is not in as of the read.
+	Members [][]string
+	Teams   []string // the user's teams as of the read, sorted
 }
 
 // Store is everything the server needs from a store.

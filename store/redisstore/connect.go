@@ -23,13 +23,13 @@ var _ store.ConnectReader = (*Store)(nil)
 // after Connect would; the members' reads are the snapshot's, taken once
 // the server has indexed the user under its teams, as before. What the
 // connect script changed is then published, as Connect does.
-func (s *Store) ConnectRead(ctx context.Context, c presence.Conn, teams []string) (presence.Presence, [][]string, bool, error) {
+func (s *Store) ConnectRead(ctx context.Context, c presence.Conn, teams []string) (store.ConnectReads, bool, error) {
 	start := time.Now()
 	s.mu.Lock()
 	held, dup := s.conns[c.ID]
 	s.mu.Unlock()
 	if dup && held.user != c.UserID {
-		return presence.Presence{}, nil, false, ErrDuplicateConn
+		return store.ConnectReads{}, false, ErrDuplicateConn
 	}
 	if c.Node == "" {
 		c.Node = s.cfg.Node
@@ -43,16 +43,10 @@ func (s *Store) ConnectRead(ctx context.Context, c presence.Conn, teams []string
 	for i, t := range teams {
 		mcs[i] = pipe.SMembers(ctx, teamKey(t))
 	}
-	// Which of teams the user is in as of the read: the caller's may be its
-	// index's, which a removal's event has not reached yet (finding 22).
-	var uc *redis.BoolSliceCmd
-	if len(teams) > 0 {
-		names := make([]any, len(teams))
-		for i, t := range teams {
-			names[i] = t
-		}
-		uc = pipe.SMIsMember(ctx, userTeamsKey(c.UserID), names...)
-	}
+	// The user's teams as of the read: the caller's may be its index's,
+	// which a removal's event (finding 22) or a join's (finding 27) has not
+	// reached yet.
+	uc := pipe.SMembers(ctx, userTeamsKey(c.UserID))
 	_, _ = pipe.Exec(ctx)
 	v, err := cc.Result()
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -61,73 +55,64 @@ func (s *Store) ConnectRead(ctx context.Context, c presence.Conn, teams []string
 		return s.connectThenRead(ctx, c, teams)
 	}
 	if err := s.connected(ctx, c, lc, false, v, err, start); err != nil {
-		return presence.Presence{}, nil, false, err
+		return store.ConnectReads{}, false, err
 	}
-	var own presence.Presence
+	var r store.ConnectReads
 	switch pv, err := pc.Result(); {
 	case err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
 		ps, err := s.Presence(ctx, []string{c.UserID})
 		if err != nil {
-			return presence.Presence{}, nil, true, err
+			return store.ConnectReads{}, true, err
 		}
-		own = ps[0]
+		r.Own = ps[0]
 	case err != nil:
-		return presence.Presence{}, nil, true, s.failed(store.OpQuery, fmt.Errorf("redisstore: presence: %w", errors.Join(ErrUnavailable, err)))
+		return store.ConnectReads{}, true, s.failed(store.OpQuery, fmt.Errorf("redisstore: presence: %w", errors.Join(ErrUnavailable, err)))
 	default:
-		own = parsePresence(c.UserID, pv)
+		r.Own = parsePresence(c.UserID, pv)
 	}
-	var in []bool
-	if uc != nil {
-		if in, err = uc.Result(); err != nil || len(in) != len(teams) {
-			return presence.Presence{}, nil, true, s.failed(store.OpQuery, fmt.Errorf("redisstore: teams of: %w", errors.Join(ErrUnavailable, err)))
-		}
+	if r.Teams, err = uc.Result(); err != nil && err != redis.Nil {
+		return store.ConnectReads{}, true, s.failed(store.OpQuery, fmt.Errorf("redisstore: teams of: %w", errors.Join(ErrUnavailable, err)))
 	}
-	members := make([][]string, len(teams))
+	sort.Strings(r.Teams)
+	r.Members = make([][]string, len(teams))
 	for i, mc := range mcs {
 		m, err := mc.Result()
 		if err != nil && err != redis.Nil {
-			return presence.Presence{}, nil, true, s.failed(store.OpQuery, fmt.Errorf("redisstore: members: %w", errors.Join(ErrUnavailable, err)))
+			return store.ConnectReads{}, true, s.failed(store.OpQuery, fmt.Errorf("redisstore: members: %w", errors.Join(ErrUnavailable, err)))
 		}
-		if len(m) > 0 {
+		if len(m) > 0 && slices.Contains(r.Teams, teams[i]) {
+			// Only the teams the user is in as read: the user's side of
+			// a membership is written first, so a team there is one the
+			// user is in or joining.
 			sort.Strings(m)
-			members[i] = m
+			r.Members[i] = m
 		}
 	}
-	return own, onlyIn(in, members), true, nil
-}
-
-// onlyIn leaves out the members of the teams the user is not in as read
-// (in, aligned with members): the user's side of a membership is written
-// first (membership), so a team there is one the user is in or joining.
-func onlyIn(in []bool, members [][]string) [][]string {
-	for i := range members {
-		if !in[i] {
-			members[i] = nil
-		}
-	}
-	return members
+	return r, true, nil
 }
 
 // connectThenRead is ConnectRead one call after the other.
-func (s *Store) connectThenRead(ctx context.Context, c presence.Conn, teams []string) (presence.Presence, [][]string, bool, error) {
+func (s *Store) connectThenRead(ctx context.Context, c presence.Conn, teams []string) (store.ConnectReads, bool, error) {
 	if err := s.Connect(ctx, c); err != nil {
-		return presence.Presence{}, nil, false, err
+		return store.ConnectReads{}, false, err
 	}
 	ps, err := s.Presence(ctx, []string{c.UserID})
 	if err != nil {
-		return presence.Presence{}, nil, true, err
+		return store.ConnectReads{}, true, err
 	}
 	members, err := s.MembersOfMany(ctx, teams)
 	if err != nil {
-		return presence.Presence{}, nil, true, err
+		return store.ConnectReads{}, true, err
 	}
 	now, err := s.TeamsOf(ctx, c.UserID)
 	if err != nil {
-		return presence.Presence{}, nil, true, err
+		return store.ConnectReads{}, true, err
 	}
-	in := make([]bool, len(teams))
+	sort.Strings(now)
 	for i, t := range teams {
-		in[i] = slices.Contains(now, t)
+		if !slices.Contains(now, t) {
+			members[i] = nil
+		}
 	}
-	return ps[0], onlyIn(in, members), true, nil
+	return store.ConnectReads{Own: ps[0], Members: members, Teams: now}, true, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
 	"github.com/greendot/greendot/store/redisstore/redistest"
 )
 
@@ -100,22 +101,23 @@ func TestConnectReadIsOneRoundTrip(t *testing.T) {
 	must(t, s.AddMember(ctx, "t2", "carol"))
 	must(t, s.SetUserStatus(ctx, "alice", presence.Status{Mode: presence.ModeDND, Text: "focus"}))
 	// Redis is given the scripts on their first use.
-	if _, _, _, err := s.ConnectRead(ctx, presence.Conn{ID: "c0", UserID: "zed", Device: "web"}, nil); err != nil {
+	if _, _, err := s.ConnectRead(ctx, presence.Conn{ID: "c0", UserID: "zed", Device: "web"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	rt := &roundTrips{}
 	s.rdb.AddHook(rt)
 
 	teams := []string{"t1", "t2", "t3"}
-	own, members, registered, err := s.ConnectRead(counted(ctx), presence.Conn{ID: "c1", UserID: "alice", Device: "web"}, teams)
+	read, registered, err := s.ConnectRead(counted(ctx), presence.Conn{ID: "c1", UserID: "alice", Device: "web"}, teams)
 	if err != nil || !registered {
 		t.Fatalf("ConnectRead: registered %v, err %v", registered, err)
 	}
 	if n := rt.n.Load(); n != 2 {
 		t.Fatalf("ConnectRead took %d round trips, want 2 (the pipeline, the publish)", n)
 	}
-	check := func(own presence.Presence, members [][]string, conns int) {
+	check := func(read store.ConnectReads, conns int) {
 		t.Helper()
+		own, members := read.Own, read.Members
 		if own.UserID != "alice" || own.State != presence.DND || own.ConnectionCount != conns ||
 			own.Status.Mode != presence.ModeDND || own.Status.Text != "focus" {
 			t.Fatalf("own presence %+v, want alice dnd with %d connections, \"focus\"", own, conns)
@@ -124,19 +126,22 @@ func TestConnectReadIsOneRoundTrip(t *testing.T) {
 		if !slices.EqualFunc(members, want, slices.Equal) {
 			t.Fatalf("members %q, want %q", members, want)
 		}
+		if want := []string{"t1", "t2"}; !slices.Equal(read.Teams, want) {
+			t.Fatalf("teams %q, want %q", read.Teams, want)
+		}
 	}
-	check(own, members, 1)
+	check(read, 1)
 
 	_, err = r.Do("SCRIPT", "FLUSH")
 	must(t, err)
-	own, members, registered, err = s.ConnectRead(ctx, presence.Conn{ID: "c2", UserID: "alice", Device: "ios"}, teams)
+	read, registered, err = s.ConnectRead(ctx, presence.Conn{ID: "c2", UserID: "alice", Device: "ios"}, teams)
 	if err != nil || !registered {
 		t.Fatalf("ConnectRead with the scripts lost: registered %v, err %v", registered, err)
 	}
-	check(own, members, 2)
+	check(read, 2)
 
 	// Another user's id is refused, as by Connect.
-	if _, _, registered, err := s.ConnectRead(ctx, presence.Conn{ID: "c1", UserID: "bob"}, nil); err == nil || registered {
+	if _, registered, err := s.ConnectRead(ctx, presence.Conn{ID: "c1", UserID: "bob"}, nil); err == nil || registered {
 		t.Fatalf("a duplicate id: registered %v, err %v; want refused", registered, err)
 	}
 }

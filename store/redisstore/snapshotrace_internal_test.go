@@ -145,8 +145,9 @@ func TestSnapshotBetweenTheFlushesOfTwoMastersIsRefused(t *testing.T) {
 	if _, err := flushed.Do("FLUSHALL"); err != nil {
 		t.Fatal(err)
 	}
-	_, members, _, err := s.ConnectRead(ctx, presence.Conn{ID: "cv", UserID: "viewer", Device: "web"}, teams)
+	read, _, err := s.ConnectRead(ctx, presence.Conn{ID: "cv", UserID: "viewer", Device: "web"}, teams)
 	must(t, err)
+	members := read.Members
 	var union []string
 	for _, ms := range members {
 		for _, m := range ms {
