@@ -101,6 +101,12 @@ func (s hookedRedis) Members(ctx context.Context, team string) ([]string, error)
 // themselves and no worker runs: tests deliver the events and run the jobs.
 func catchUpHub(t *testing.T, kind string, members [][2]string) (*hub, store.Store, *seam, func(user string) *client) {
 	t.Helper()
+	return catchUpHubWith(t, kind, members, memstore.Config{})
+}
+
+// catchUpHubWith is catchUpHub with the memory store configured by memCfg.
+func catchUpHubWith(t *testing.T, kind string, members [][2]string, memCfg memstore.Config) (*hub, store.Store, *seam, func(user string) *client) {
+	t.Helper()
 	ctx := context.Background()
 	sm := &seam{}
 	s := socketlessServer()
@@ -108,7 +114,7 @@ func catchUpHub(t *testing.T, kind string, members [][2]string) (*hub, store.Sto
 	var st store.Store
 	switch kind {
 	case "memory", "shared":
-		mem, err := memstore.New(memstore.Config{})
+		mem, err := memstore.New(memCfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -234,9 +234,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			// holds what again.
 			r, o := h.views.unsureReach(ev.Team, ev.UserID)
 			to, placed = &r, o
-			shown = presence.Presence{UserID: ev.UserID, State: cur.look.State, Version: cur.version,
-				ShownLastSeen: msTime(cur.look.LastSeen),
-				Status:        presence.Status{Text: cur.look.Text, Emoji: cur.look.Emoji, ExpiresAt: msTime(cur.look.ExpiresAt)}}
+			shown = cur.presence(ev.UserID)
 		default:
 			h.views.read(ev.Team, shown, nil, false)
 		}
@@ -594,7 +592,15 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 			// the read): the state read is stale, and sending it now
 			// would take the joiner's view back.
 			if cur, ok := h.views.get(ev.Team, p.UserID); ok && cur.version > p.Version {
-				continue
+				if p.Version != 0 || cur.look.State != presence.Offline || lu.flight.holds(p.UserID, cur.version) {
+					continue
+				}
+				// Read as never seen: the store lost the subject with its
+				// data, or forgot them. The view's offline was routed while
+				// the joiner was out of the team, and a joiner holding the
+				// subject from before must be sent it (chaos seed
+				// 225511678: it kept showing them away).
+				p = cur.presence(p.UserID)
 			}
 			// Each of the joiner's connections is sent p below, unless m's
 			// join of another team showed it to some of them already: then

@@ -41,6 +41,13 @@ type view struct {
 	odd *odds
 }
 
+// presence is the view's state of subject, as a store would read it.
+func (v view) presence(subject string) presence.Presence {
+	return presence.Presence{UserID: subject, State: v.look.State, Version: v.version,
+		ShownLastSeen: msTime(v.look.LastSeen),
+		Status:        presence.Status{Text: v.look.Text, Emoji: v.look.Emoji, ExpiresAt: msTime(v.look.ExpiresAt)}}
+}
+
 // odds is what the members of a mixed view hold. Only the exceptions are
 // kept, and only while the members disagree, so an idle connection costs a
 // view nothing: a per-connection record of every teammate would. A change

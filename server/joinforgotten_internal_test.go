@@ -1,0 +1,93 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+	"github.com/greendot/greendot/store/memstore"
+)
+
+// A user who shares a team again with a subject may hold the subject's
+// state from before (hidden since), and the store may no longer have the
+// subject at all: lost with Redis's data, or forgotten, read as "offline,
+// version 0". The team's view holds the subject's newer offline, routed
+// while the joiner was not in the team. The join's catch-up took the view's
+// newer version for a change that had reached the joiner and sent nothing,
+// so the joiner kept showing the subject away (chaos, one Redis, seed
+// 225511678, ten minutes: a ghost after an empty restart). It must send
+// the view's offline.
+func TestJoinCatchUpCorrectsAStaleStateTheStoreNoLongerHas(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	h, st, _, local := catchUpHubWith(t, "shared", [][2]string{{"t3", "u03"}, {"t3", "u15"}, {"t1", "u15"}, {"t1", "u22"}},
+		memstore.Config{ForgetAfter: time.Hour, Now: clock})
+	online(t, st, "u15")
+	if err := st.SetStatus(ctx, "d-u15", false); err != nil {
+		t.Fatal(err)
+	}
+	away := read(t, st, "u15")
+	local("u22") // t1's view holds u15 through u22
+	w := &wire{c: local("u03")}
+
+	// u03 leaves t3: u15 is out of sight, hidden at the version held.
+	if err := st.RemoveMember(ctx, "t3", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t3", UserID: "u03", UserTeams: store.TeamList{}})
+	runJobs(ctx, h, w)
+	w.c.mu.Lock()
+	hidden := w.c.hidden["u15"]
+	w.c.mu.Unlock()
+	if hidden != away.Version {
+		t.Fatalf("u15 hidden from u03 at %d, want the away u03 holds, %d", hidden, away.Version)
+	}
+	// u15 goes offline: routed through t1, to u22 only.
+	if err := st.Disconnect(ctx, "d-u15", presence.Closed); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	off := read(t, st, "u15")
+	if off.State != presence.Offline || off.Version <= away.Version {
+		t.Fatalf("u15 after its disconnect: %+v", off)
+	}
+	h.OnPresence(store.PresenceEvent{Change: presence.Change{UserID: "u15", State: presence.Offline, Version: off.Version, At: clock()},
+		Teams: []string{"t1"}})
+	// The store no longer has u15.
+	mu.Lock()
+	now = now.Add(2 * time.Hour)
+	mu.Unlock()
+	if err := st.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p := read(t, st, "u15"); p.Version != 0 {
+		t.Fatalf("u15 after forget-after: %+v, want version 0 (never seen)", p)
+	}
+
+	if err := st.AddMember(ctx, "t1", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t1", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t1"}})
+	runJobs(ctx, h, w)
+	if want := fmt.Sprintf("u15=offline@%d", off.Version); !strings.Contains(w.String(), want) {
+		t.Fatalf("u03, back in a team with u15 and holding its away, was sent %s; want %s", w, want)
+	}
+}
+
+func read(t *testing.T, st store.Store, user string) presence.Presence {
+	t.Helper()
+	ps, err := st.Presence(context.Background(), []string{user})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps[0]
+}
