@@ -114,7 +114,7 @@ func (s *Server) onFrames(c *nbio.Conn, ws *websocket.Conn, data []byte) {
 	fresh := w.skip == 0 && len(w.head) == 0 && !w.frag
 	empty, bad, at := w.walk(data)
 	cl := w.cl.Load() // nil for a moment after the upgrade
-	if fresh && cl != nil && empty == 0 && bad == "" && !w.flood && s.heartbeatOnPoller(c, ws, cl, data) {
+	if fresh && cl != nil && empty == 0 && bad == "" && !w.flood && (s.heartbeatOnPoller(c, ws, cl, data) || s.pusherPingOnPoller(c, ws, cl, data)) {
 		return
 	}
 	if cl != nil && ws.Execute != nil {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/lesismal/nbio/nbhttp/websocket"
 
 	"github.com/greendot/greendot/protocol"
+	"github.com/greendot/greendot/pusher"
 	"github.com/greendot/greendot/store"
 )
 
@@ -73,9 +75,24 @@ func (s *Server) answerHeartbeat(c *client, hb *protocol.Heartbeat) {
 }
 
 // heartbeatFrame decodes data when it is exactly one whole client frame
-// holding a heartbeat: FIN and opcode text, masked, a payload of 1-125
-// valid UTF-8 bytes (nbio closes with 1007 otherwise), at most max.
+// holding a heartbeat (see smallTextFrame).
 func heartbeatFrame(data []byte, max int) (*protocol.Heartbeat, bool) {
+	var buf [125]byte
+	p, ok := smallTextFrame(data, max, &buf)
+	if !ok {
+		return nil, false
+	}
+	f, err := protocol.DecodeClientFrame(p)
+	if err != nil || f.Heartbeat == nil {
+		return nil, false
+	}
+	return f.Heartbeat, true
+}
+
+// smallTextFrame unmasks into buf the payload of data when data is exactly
+// one whole client frame: FIN and opcode text, masked, a payload of 1-125
+// valid UTF-8 bytes (nbio closes with 1007 otherwise), at most max.
+func smallTextFrame(data []byte, max int, buf *[125]byte) ([]byte, bool) {
 	if len(data) < 7 || data[0] != 0x81 || data[1]&0x80 == 0 {
 		return nil, false
 	}
@@ -83,7 +100,6 @@ func heartbeatFrame(data []byte, max int) (*protocol.Heartbeat, bool) {
 	if n > 125 || len(data) != 6+n || n > max {
 		return nil, false
 	}
-	var buf [125]byte
 	p := buf[:n]
 	mask := data[2:6]
 	for i := range p {
@@ -92,9 +108,65 @@ func heartbeatFrame(data []byte, max int) (*protocol.Heartbeat, bool) {
 	if !utf8.Valid(p) {
 		return nil, false
 	}
-	f, err := protocol.DecodeClientFrame(p)
-	if err != nil || f.Heartbeat == nil {
-		return nil, false
+	return p, true
+}
+
+// pusherPingFrame reports whether data is exactly one whole client frame
+// holding a pusher:ping event (see smallTextFrame).
+func pusherPingFrame(data []byte, max int) bool {
+	var buf [125]byte
+	p, ok := smallTextFrame(data, max, &buf)
+	if !ok || !bytes.Contains(p, []byte("pusher:ping")) {
+		return false
 	}
-	return f.Heartbeat, true
+	if string(p) == `{"event":"pusher:ping","data":{}}` {
+		return true // as pusher-js sends it: no decode needed
+	}
+	in, err := pusher.Decode(bytes.Clone(p)) // a copy: buf stays on the stack
+	return err == nil && in.Event == "pusher:ping"
+}
+
+// pusherPong is the answer to every pusher:ping.
+var pusherPong = pusher.Frame("pusher:pong", "", struct{}{})
+
+// pusherPingOnPoller is heartbeatOnPoller for a Pusher socket: a read that
+// is one whole pusher:ping, the keep-alive pusher-js sends after
+// activity_timeout of quiet, is answered on the poller as onMessage would
+// answer it.
+func (s *Server) pusherPingOnPoller(nbc *nbio.Conn, ws *websocket.Conn, cl *client, data []byte) bool {
+	pc := cl.px
+	if ws.Execute == nil || pc == nil || s.px == nil || cl.closed.Load() {
+		return false
+	}
+	if !pusherPingFrame(data, s.cfg.MaxMessageSize) || nbc.ExecuteLen() != 0 {
+		return false
+	}
+	now := s.cfg.Now()
+	cl.lastFrame.Store(now.UnixNano())
+	if gc := pc.gc.Load(); gc != nil {
+		switch err := s.heard(gc, now); {
+		case errors.Is(err, store.ErrUnknownConn):
+			ws.Execute(func() {
+				if cl.closed.Load() {
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := s.reassert(ctx, gc); err != nil {
+					s.log.Warn("heartbeat", "err", err)
+				}
+			})
+		case err != nil:
+			s.log.Warn("heartbeat", "err", err)
+		}
+	}
+	if !cl.allow(now, 1) {
+		if cl.limited == 1 {
+			pc.write(pusher.ErrorFrame(0, "too many frames; slow down or be disconnected"))
+		}
+		return true
+	}
+	s.metrics.pusherFrames.WithLabelValues("pusher:ping").Inc()
+	pc.write(pusherPong)
+	return true
 }

@@ -56,3 +56,37 @@ func BenchmarkHeartbeatFrame(b *testing.B) {
 		}
 	}
 }
+
+func TestPusherPingFrame(t *testing.T) {
+	ping := `{"event":"pusher:ping","data":{}}`
+	for _, tc := range []struct {
+		name string
+		data []byte
+		ok   bool
+	}{
+		{"ping", maskedFrame(0x81, ping), true},
+		{"ping without data", maskedFrame(0x81, `{"event":"pusher:ping"}`), true},
+		{"pong", maskedFrame(0x81, `{"event":"pusher:pong","data":{}}`), false},
+		{"ping as data", maskedFrame(0x81, `{"event":"client-x","channel":"private-a","data":"pusher:ping"}`), false},
+		{"ping as channel", maskedFrame(0x81, `{"event":"pusher:subscribe","data":{"channel":"pusher:ping"}}`), false},
+		{"bad json", maskedFrame(0x81, `{"event":"pusher:ping"`), false},
+		{"two frames", append(maskedFrame(0x81, ping), maskedFrame(0x81, ping)...), false},
+		{"first fragment", maskedFrame(0x01, ping), false},
+		{"binary", maskedFrame(0x82, ping), false},
+	} {
+		if ok := pusherPingFrame(tc.data, 4096); ok != tc.ok {
+			t.Errorf("%s: ok %v, want %v", tc.name, ok, tc.ok)
+		}
+	}
+}
+
+// BenchmarkPusherPingFrame is the poller's decode of a pusher:ping read.
+func BenchmarkPusherPingFrame(b *testing.B) {
+	data := maskedFrame(0x81, `{"event":"pusher:ping","data":{}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if !pusherPingFrame(data, 4096) {
+			b.Fatal("not a ping")
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -134,6 +135,115 @@ func TestPusherPingPong(t *testing.T) {
 	c := ts.pxDial(t, "p")
 	c.Send(map[string]any{"event": "pusher:ping", "data": map[string]any{}})
 	c.Next("pusher:pong")
+}
+
+// pings answers each ping of s with its pong, every interval until stop is
+// closed; other frames go to other.
+func pings(t *testing.T, s *pushertest.Socket, interval time.Duration, stop <-chan struct{}, other chan<- map[string]any) {
+	t.Helper()
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		s.Send(map[string]any{"event": "pusher:ping", "data": map[string]any{}})
+		for pong := false; !pong; {
+			select {
+			case f, ok := <-s.Frames:
+				if !ok {
+					t.Errorf("%s: closed while pinging", s.Name)
+					return
+				}
+				if pong = f["event"] == "pusher:pong"; !pong {
+					select {
+					case other <- f:
+					case <-stop:
+						return
+					}
+				}
+			case <-time.After(5 * time.Second):
+				t.Errorf("%s: no pong within 5s", s.Name)
+				return
+			}
+		}
+	}
+}
+
+// A member whose socket only pings stays present past many ttls (the ping
+// is its sign of life, whichever goroutine answers it); once the pings
+// stop, it leaves after the ttl and the grace. No WebSocket pings from the
+// server: their pongs would keep it alive too.
+func TestPusherPingsKeepAMemberPresent(t *testing.T) {
+	ts := startPusher(t, func(c *server.Config) { c.PingInterval = -1 })
+	bob := ts.pxDial(t, "bob")
+	bob.SubscribePresence("eng", "bob", "{}")
+	bob.Members("presence-eng")
+	ann := ts.pxDial(t, "ann")
+	ann.SubscribePresence("eng", "ann", "{}")
+	ann.Members("presence-eng")
+	bob.MemberEvent("pusher_internal:member_added", 5*time.Second)
+
+	heard := make(chan map[string]any, 16)
+	stopBob, stopAnn := make(chan struct{}), make(chan struct{})
+	stopBobOnce := sync.OnceFunc(func() { close(stopBob) })
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); pings(t, bob, testHeartbeat, stopBob, make(chan map[string]any, 16)) }()
+	go func() { defer wg.Done(); pings(t, ann, testHeartbeat, stopAnn, heard) }()
+	defer func() {
+		stopBobOnce()
+		close(stopAnn)
+		wg.Wait()
+	}()
+	select {
+	case f := <-heard:
+		t.Fatalf("ann heard %v while bob pinged", f)
+	case <-time.After(3 * testTTL):
+	}
+	stopBobOnce()
+	select {
+	case f := <-heard:
+		if f["event"] != "pusher_internal:member_removed" {
+			t.Fatalf("ann heard %v, want bob's member_removed", f)
+		}
+	case <-time.After(testTTL + testGrace + 5*time.Second):
+		t.Fatal("bob never left once his pings stopped")
+	}
+}
+
+// A flood of pings meets the frame rate limit like any other frame.
+func TestPusherPingFloodIsLimited(t *testing.T) {
+	ts := startPusher(t, func(c *server.Config) { c.RateLimit, c.RateBurst = 5, 5 })
+	c := ts.pxDial(t, "p")
+	for range 12 {
+		c.Send(map[string]any{"event": "pusher:ping", "data": map[string]any{}})
+	}
+	for pongs := 0; ; {
+		select {
+		case f, ok := <-c.Frames:
+			if !ok {
+				t.Fatalf("closed after %d pongs, before a rate-limit error", pongs)
+			}
+			switch f["event"] {
+			case "pusher:pong":
+				if pongs++; pongs > 6 {
+					t.Fatalf("%d pongs to 12 pings with a burst of 5", pongs)
+				}
+				continue
+			case "pusher:error":
+				if d, _ := f["data"].(map[string]any); !strings.Contains(fmt.Sprint(d["message"]), "too many frames") {
+					t.Fatalf("error %v, want too many frames", f)
+				}
+				return
+			}
+			t.Fatalf("got %v", f)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no rate-limit error after %d pongs", pongs)
+		}
+	}
 }
 
 func TestPusherRESTTriggerAndChannels(t *testing.T) {
