@@ -40,29 +40,35 @@ func (s *Server) heartbeatOnPoller(nbc *nbio.Conn, ws *websocket.Conn, cl *clien
 		return false
 	}
 	now := s.cfg.Now()
-	switch err := s.heard(cl, now); {
-	case errors.Is(err, store.ErrUnknownConn):
-		// Asserting it again waits on the store: in the connection's
-		// executor, where the frames after this one then wait for it.
-		ws.Execute(func() {
-			if cl.closed.Load() {
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := s.reassert(ctx, cl); err != nil {
-				s.log.Warn("heartbeat", "err", err)
-			}
-		})
-	case err != nil:
-		s.log.Warn("heartbeat", "err", err)
-	}
+	s.heardOnPoller(ws, cl, cl, now)
 	if !cl.allow(now, 1) {
 		return true
 	}
 	cl.badStreak = 0
 	s.answerHeartbeat(cl, hb)
 	return true
+}
+
+// heardOnPoller notes a sign of life of conn, the connection of socket
+// sock (itself, or a Pusher socket's user), on the poller.
+func (s *Server) heardOnPoller(ws *websocket.Conn, sock, conn *client, now time.Time) {
+	switch err := s.heard(conn, now); {
+	case errors.Is(err, store.ErrUnknownConn):
+		// Asserting it again waits on the store: in the socket's executor,
+		// where the frames after this one then wait for it.
+		ws.Execute(func() {
+			if sock.closed.Load() {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := s.reassert(ctx, conn); err != nil {
+				s.log.Warn("heartbeat", "err", err)
+			}
+		})
+	case err != nil:
+		s.log.Warn("heartbeat", "err", err)
+	}
 }
 
 // answerHeartbeat counts an accepted heartbeat and acks it when it has an id.
@@ -144,21 +150,7 @@ func (s *Server) pusherPingOnPoller(nbc *nbio.Conn, ws *websocket.Conn, cl *clie
 	now := s.cfg.Now()
 	cl.lastFrame.Store(now.UnixNano())
 	if gc := pc.gc.Load(); gc != nil {
-		switch err := s.heard(gc, now); {
-		case errors.Is(err, store.ErrUnknownConn):
-			ws.Execute(func() {
-				if cl.closed.Load() {
-					return
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				if err := s.reassert(ctx, gc); err != nil {
-					s.log.Warn("heartbeat", "err", err)
-				}
-			})
-		case err != nil:
-			s.log.Warn("heartbeat", "err", err)
-		}
+		s.heardOnPoller(ws, cl, gc, now)
 	}
 	if !cl.allow(now, 1) {
 		if cl.limited == 1 {

@@ -35,6 +35,20 @@ func (ts *testServer) pxDial(t *testing.T, name string) *pushertest.Socket {
 	return pushertest.Dial(t, ts.addr, pxTestApp, name, 0)
 }
 
+// pxPair connects a socket for each of two users, both members of
+// presence-eng; the first has heard the second arrive.
+func (ts *testServer) pxPair(t *testing.T, first, second string) (*pushertest.Socket, *pushertest.Socket) {
+	t.Helper()
+	a := ts.pxDial(t, first)
+	a.SubscribePresence("eng", first, "{}")
+	a.Members("presence-eng")
+	b := ts.pxDial(t, second)
+	b.SubscribePresence("eng", second, "{}")
+	b.Members("presence-eng")
+	a.MemberEvent("pusher_internal:member_added", 5*time.Second)
+	return a, b
+}
+
 func (ts *testServer) signedRequest(t *testing.T, secret, method, path string, q url.Values, body string) (int, string) {
 	t.Helper()
 	return pushertest.REST(t, ts.addr, pxTestApp, secret, method, path, q, body)
@@ -178,13 +192,7 @@ func pings(t *testing.T, s *pushertest.Socket, interval time.Duration, stop <-ch
 // server: their pongs would keep it alive too.
 func TestPusherPingsKeepAMemberPresent(t *testing.T) {
 	ts := startPusher(t, func(c *server.Config) { c.PingInterval = -1 })
-	bob := ts.pxDial(t, "bob")
-	bob.SubscribePresence("eng", "bob", "{}")
-	bob.Members("presence-eng")
-	ann := ts.pxDial(t, "ann")
-	ann.SubscribePresence("eng", "ann", "{}")
-	ann.Members("presence-eng")
-	bob.MemberEvent("pusher_internal:member_added", 5*time.Second)
+	bob, ann := ts.pxPair(t, "bob", "ann")
 
 	heard := make(chan map[string]any, 16)
 	stopBob, stopAnn := make(chan struct{}), make(chan struct{})
@@ -289,13 +297,7 @@ func TestPusherRESTTriggerAndChannels(t *testing.T) {
 
 func TestPusherClientEvents(t *testing.T) {
 	ts := startPusher(t)
-	a := ts.pxDial(t, "a")
-	a.SubscribePresence("eng", "ann", "{}")
-	a.Members("presence-eng")
-	b := ts.pxDial(t, "b")
-	b.SubscribePresence("eng", "ben", "{}")
-	b.Members("presence-eng")
-	a.MemberEvent("pusher_internal:member_added", 5*time.Second)
+	a, b := ts.pxPair(t, "ann", "ben")
 	a.Send(map[string]any{"event": "client-typing", "channel": "presence-eng", "data": map[string]any{"on": true}})
 	f := b.Next("client-typing")
 	if f["user_id"] != "ann" {
@@ -341,13 +343,7 @@ func TestPusherRESTBesideAPIKey(t *testing.T) {
 
 func TestPusherTerminateConnections(t *testing.T) {
 	ts := startPusher(t)
-	a := ts.pxDial(t, "a")
-	a.SubscribePresence("eng", "ann", "{}")
-	a.Members("presence-eng")
-	b := ts.pxDial(t, "b")
-	b.SubscribePresence("eng", "ben", "{}")
-	b.Members("presence-eng")
-	a.MemberEvent("pusher_internal:member_added", 5*time.Second)
+	a, b := ts.pxPair(t, "ann", "ben")
 	if code, out := ts.signedRequest(t, pxSecret, "POST", "/apps/"+pxApp+"/users/ben/terminate_connections", nil, "{}"); code != 200 {
 		t.Fatalf("terminate: %d %s", code, out)
 	}
