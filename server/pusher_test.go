@@ -151,10 +151,10 @@ func TestPusherPingPong(t *testing.T) {
 	c.Next("pusher:pong")
 }
 
-// pings answers each ping of s with its pong, every interval until stop is
-// closed; other frames go to other.
+// pings sends a ping on s every interval and reads its pong, until stop is
+// closed; other frames go to other. It runs on a goroutine of its own, so
+// it reports failures with t.Errorf and returns.
 func pings(t *testing.T, s *pushertest.Socket, interval time.Duration, stop <-chan struct{}, other chan<- map[string]any) {
-	t.Helper()
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -163,7 +163,10 @@ func pings(t *testing.T, s *pushertest.Socket, interval time.Duration, stop <-ch
 			return
 		case <-tick.C:
 		}
-		s.Send(map[string]any{"event": "pusher:ping", "data": map[string]any{}})
+		if err := s.Write(map[string]any{"event": "pusher:ping", "data": map[string]any{}}); err != nil {
+			t.Errorf("ping: %v", err)
+			return
+		}
 		for pong := false; !pong; {
 			select {
 			case f, ok := <-s.Frames:

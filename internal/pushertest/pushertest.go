@@ -113,18 +113,27 @@ func (s *Socket) Close() {
 	<-s.done
 }
 
-// Send writes v as JSON.
+// Send writes v as JSON; a failure ends the test.
 func (s *Socket) Send(v any) {
 	s.t.Helper()
+	if err := s.Write(v); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// Write writes v as JSON and returns what failed: for goroutines other
+// than the test's, which must not end it.
+func (s *Socket) Write(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
-		s.t.Fatal(err)
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := s.conn.Write(ctx, websocket.MessageText, b); err != nil {
-		s.t.Fatalf("%s: write: %v", s.Name, err)
+		return fmt.Errorf("%s: write: %w", s.Name, err)
 	}
+	return nil
 }
 
 // NextWithin returns the next frame, which must be event.
