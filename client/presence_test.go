@@ -71,3 +71,25 @@ func TestStrings(t *testing.T) {
 		t.Errorf("never seen: LastSeen %v, want zero", p.LastSeen)
 	}
 }
+
+// The map keeps a State compactly: every field reads back as it went in,
+// and zero times stay zero.
+func TestEntryKeepsEveryField(t *testing.T) {
+	t0 := time.UnixMilli(1764500000123)
+	for _, s := range []State{
+		{UserID: "bob", State: "away", Version: 7, At: t0, Since: t0.Add(-time.Minute),
+			Text: "lunch", Emoji: "🥪", ExpiresAt: t0.Add(time.Hour), LastSeen: t0.Add(-time.Second)},
+		{UserID: "erin", State: "offline", Version: 1, Since: t0},
+		{UserID: "frank", State: "online", Version: 2, Since: t0, Emoji: "🎧"},
+	} {
+		got := pack(s).unpack(s.UserID)
+		same := got.UserID == s.UserID && got.State == s.State && got.Version == s.Version &&
+			got.At.Equal(s.At) && got.Since.Equal(s.Since) && got.ExpiresAt.Equal(s.ExpiresAt) &&
+			got.LastSeen.Equal(s.LastSeen) && got.Text == s.Text && got.Emoji == s.Emoji &&
+			got.At.IsZero() == s.At.IsZero() && got.ExpiresAt.IsZero() == s.ExpiresAt.IsZero() &&
+			got.LastSeen.IsZero() == s.LastSeen.IsZero()
+		if !same {
+			t.Errorf("held %+v, read back %+v", s, got)
+		}
+	}
+}
