@@ -24,6 +24,7 @@ type member struct {
 
 	c    *client.Client // owned by the scenario; nil while not dialled
 	px   *pxSocket      // instead of c, for Protocol "pusher"
+	lt   *lightSocket   // instead of c, for idle's members that are not sampled viewers
 	up   atomic.Bool    // counted in counters.conns
 	kill *killSwitch    // set when the scenario cuts its TCP connections
 }
@@ -152,7 +153,7 @@ func connectEach(ctx context.Context, env *workerEnv, ms []*member, dial func(*m
 	)
 	sem := make(chan struct{}, env.o.ConnectConcurrency)
 	for _, m := range ms {
-		if m.c != nil || m.px != nil {
+		if m.c != nil || m.px != nil || m.lt != nil {
 			continue
 		}
 		select {
@@ -190,7 +191,7 @@ func closeAll(ms []*member) {
 	sem := make(chan struct{}, 256)
 	var wg sync.WaitGroup
 	for _, m := range ms {
-		if m.c == nil && m.px == nil {
+		if m.c == nil && m.px == nil && m.lt == nil {
 			continue
 		}
 		sem <- struct{}{}
@@ -203,6 +204,10 @@ func closeAll(ms []*member) {
 			if m.px != nil {
 				_ = m.px.Close()
 				m.px = nil
+			}
+			if m.lt != nil {
+				_ = m.lt.Close()
+				m.lt = nil
 			}
 		})
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/client"
+	"github.com/greendot/greendot/protocol"
 )
 
 // The idle and heartbeat scenarios: N users, one connection each, in teams
@@ -45,6 +46,9 @@ func (w *idleWorker) handle(ctx context.Context, op string, raw json.RawMessage)
 				return pxEvents{onMember: func(pxMemberEvent) { w.env.ctr.changes.Add(1) }}
 			}), nil
 		}
+		if w.env.o.SampleEvery > 0 {
+			return w.connectSampled(ctx), nil
+		}
 		return connectAll(ctx, w.env, w.ms, func(m *member) client.Options {
 			co := w.env.dial.options(m)
 			co.HeartbeatInterval = time.Duration(a.HeartbeatMS) * time.Millisecond
@@ -55,11 +59,104 @@ func (w *idleWorker) handle(ctx context.Context, op string, raw json.RawMessage)
 			}
 			return co
 		}), nil
+	case "check":
+		return w.check(), nil
 	case "close":
 		closeAll(w.ms)
 		return struct{}{}, nil
 	}
 	return nil, unknownOp(op)
+}
+
+// sampled reports whether m is a sampled viewer (SampleEvery > 0): the
+// first user of every SampleEvery, so every team of at least that size has
+// one.
+func (w *idleWorker) sampled(m *member) bool { return m.idx%w.env.o.SampleEvery == 0 }
+
+// connectSampled connects the sampled viewers with the Go client and the
+// others as light sockets.
+func (w *idleWorker) connectSampled(ctx context.Context) connectReply {
+	return connectEach(ctx, w.env, w.ms, func(m *member) (int64, error) {
+		if !w.sampled(m) {
+			s, err := w.env.dial.dialLight(ctx, m)
+			if err != nil {
+				return 0, err
+			}
+			m.lt = s
+			return s.ttl.Milliseconds(), nil
+		}
+		co := w.env.dial.options(m)
+		co.OnChange = func(ch client.Change) {
+			if !ch.FromSnapshot {
+				w.env.ctr.changes.Add(1)
+			}
+		}
+		c, err := w.env.dial.dial(ctx, m, co)
+		if err != nil {
+			return 0, err
+		}
+		m.c = c
+		return c.Welcome().TTLMS, nil
+	})
+}
+
+// checkReply is what the viewers' dots showed after the hold.
+type checkReply struct {
+	Checked int    `json:"checked"` // viewer-team-mate pairs whose dot is known
+	Wrong   int    `json:"wrong"`
+	First   string `json:"first,omitempty"` // the first wrong dot
+}
+
+// check compares each connected viewer's dot of each team-mate with the
+// team-mate's connection: open means online; a light socket that ended
+// longer ago than ttl + grace (and a margin) means offline. A team-mate in
+// between, or a viewer's own full-client team-mate that is reconnecting,
+// is not judged. Teams are whole in a worker, so every team-mate is here.
+// A connection the server expired whose close the load has not read yet
+// counts as wrong: the run's expirations tell those apart.
+func (w *idleWorker) check() checkReply {
+	var r checkReply
+	byTeam := make(map[int][]*member)
+	for _, m := range w.ms {
+		byTeam[m.team] = append(byTeam[m.team], m)
+	}
+	o := w.env.o
+	for _, v := range w.ms {
+		if v.c == nil || !v.up.Load() {
+			continue
+		}
+		for _, t := range byTeam[v.team] {
+			if t == v {
+				continue
+			}
+			var want string
+			switch {
+			case t.up.Load():
+				want = protocol.StateOnline
+			case t.lt != nil:
+				_, at := t.lt.up()
+				ttl := t.lt.ttl
+				if time.Since(at) < ttl+o.Grace+5*time.Second {
+					continue
+				}
+				want = protocol.StateOffline
+			default:
+				continue
+			}
+			got := protocol.StateOffline
+			if st, ok := v.c.Get(t.user); ok {
+				got = st.State
+			}
+			r.Checked++
+			if got != want {
+				r.Wrong++
+				if r.First == "" {
+					r.First = fmt.Sprintf("%s shows %s %s, want %s", v.user, t.user, got, want)
+				}
+			}
+		}
+	}
+	return r
 }
 
 func (w *idleWorker) close() { closeAll(w.ms) }
@@ -97,6 +194,20 @@ func driveIdle(ctx context.Context, d *driver) error {
 	}
 	held := time.Since(t1)
 	p2 := d.progress()
+	var dots checkReply
+	if o.SampleEvery > 0 {
+		replies, err := callAll[checkReply](ctx, d, "check", nil)
+		if err != nil {
+			return err
+		}
+		for _, c := range replies {
+			dots.Checked += c.Checked
+			dots.Wrong += c.Wrong
+			if dots.First == "" {
+				dots.First = c.First
+			}
+		}
+	}
 	conns := float64(r.Dialed)
 	res := d.res
 	// A peer's samples hold only what /proc gave (if anything): the
@@ -139,6 +250,19 @@ func driveIdle(ctx context.Context, d *driver) error {
 		res.goal(0, false, "0")
 	}
 	res.add("hold_changes_received", "presence changes the clients got during the hold", float64(p2.Changes-p1.Changes), "")
+	if o.SampleEvery > 0 {
+		res.add("dots_checked", "sampled viewers' dots checked after the hold", float64(dots.Checked), "")
+		res.add("dots_wrong", "of them wrong", float64(dots.Wrong), "")
+		res.goal(0, false, "0")
+		if dots.Wrong > 0 {
+			res.note("%d of the sampled viewers' dots were wrong after the hold; the first: %s", dots.Wrong, dots.First)
+		}
+		res.add("light_dropped", "light sockets closed under the load generator", float64(p2.Drops), "")
+		res.goal(0, false, "0")
+		if p2.Drops > 0 {
+			res.note("%d light sockets ended before the run closed them; the first: %s", p2.Drops, p2.DropReason)
+		}
+	}
 	if o.Protocol == protoPusher {
 		d.reportDrops()
 	}

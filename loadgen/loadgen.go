@@ -74,6 +74,12 @@ type Options struct {
 	Samplers int
 	// ConnectConcurrency bounds the dials in flight per process; default 128.
 	ConnectConcurrency int
+	// SampleEvery (idle, native), if above 0, makes one user in SampleEvery
+	// a sampled viewer (the Go client, keeping presence) and the others
+	// light sockets (light.go): heartbeats and reads only, so that the load
+	// processes of a large run do not starve themselves. 0: every user is a
+	// full client.
+	SampleEvery int
 	// APIKey is the servers' --api-key, if they have one.
 	APIKey string
 	// JWTSecret, if set, signs a token per user; else users connect with
@@ -206,6 +212,10 @@ func (o Options) withDefaults(scenario string) (Options, error) {
 		return o, errors.New("loadgen: --peer needs --protocol pusher: a peer speaks no greendot protocol")
 	case slices.ContainsFunc(o.ServerPIDs, func(p int) bool { return p <= 0 }):
 		return o, errors.New("loadgen: --server-pid must be process ids above 0")
+	case o.SampleEvery < 0:
+		return o, errors.New("loadgen: --sample-every must not be negative")
+	case o.SampleEvery > 0 && (scenario != "idle" || o.Protocol != protoNative):
+		return o, errors.New("loadgen: --sample-every is for idle over the native protocol")
 	case o.OfflineMembers > 0 && scenario != "largeteam":
 		return o, fmt.Errorf("loadgen: --offline-members is for largeteam, not %s", scenario)
 	case !protocolID(o.RunID):

@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/testwait"
 	"github.com/greendot/greendot/server"
 	"github.com/greendot/greendot/store/memstore"
 )
@@ -132,6 +135,90 @@ func TestScenarioIdle(t *testing.T) {
 	fig(t, r, "rss_per_conn_kib")
 	fig(t, r, "cpu_us_per_conn_minute")
 	expectZero(t, r, "hold_changes", "hold_expirations", "hold_changes_received")
+}
+
+// With --sample-every, most users are light sockets: their heartbeats keep
+// them alive through a hold of several ttls, and the sampled viewers' dots
+// of them are checked and right.
+func TestScenarioIdleSampled(t *testing.T) {
+	r := runScenario(t, "idle", Options{N: 30, SampleEvery: 5, Duration: 3 * testTTL})
+	expectPositive(t, r, "connect_rate", "heartbeats_per_s", "dots_checked")
+	expectZero(t, r, "hold_changes", "hold_expirations", "hold_changes_received", "dots_wrong", "light_dropped")
+	// 6 viewers (users 0, 5, …, 25) in teams of 10, each checking its 9 team-mates.
+	if got := fig(t, r, "dots_checked"); got != 54 {
+		t.Errorf("dots_checked %v, want 54", got)
+	}
+}
+
+// The check finds a viewer's dot that does not match a team-mate's socket,
+// and a light socket the run closes is down without counting as dropped.
+// (That light sockets' heartbeats keep them alive is TestScenarioIdleSampled's
+// hold of three ttls.)
+func TestLightSocket(t *testing.T) {
+	target := startServer(t)
+	o, err := Options{Targets: []string{target}, RunID: "lt", N: 2, SampleEvery: 1}.withDefaults("idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Grace = testGrace
+	env := newEnv(&o, 0, 1)
+	defer env.dial.closeIdle()
+	ctx := context.Background()
+	// Users in no team: the viewer must see nobody, whatever the sockets do.
+	light := &member{idx: 1, user: "lt-light", device: "web"}
+	viewer := &member{idx: 0, user: "lt-viewer", device: "web"}
+	s, err := env.dial.dialLight(ctx, light)
+	if err != nil {
+		t.Fatal(err)
+	}
+	light.lt = s
+	c, err := env.dial.dial(ctx, viewer, env.dial.options(viewer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	viewer.c = c
+	w := &idleWorker{env: env, ms: []*member{viewer, light}}
+	defer closeAll(w.ms)
+	testwait.For(t, 5*time.Second, func() error {
+		if !viewer.up.Load() || !light.up.Load() {
+			return errors.New("not both up")
+		}
+		return nil
+	})
+	// A team-mate of the light socket comes online: the socket counts one
+	// change from the presence frame it does not decode.
+	for _, u := range []string{"lt-light", "lt-mate"} {
+		req, _ := http.NewRequest("PUT", strings.Replace(target, "ws://", "http://", 1)+"/v1/teams/lt-t/members/"+u, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("PUT member %s: %s", u, resp.Status)
+		}
+	}
+	mate := &member{idx: 2, user: "lt-mate", device: "web"}
+	if mate.c, err = env.dial.dial(ctx, mate, env.dial.options(mate)); err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll([]*member{mate})
+	testwait.For(t, 5*time.Second, func() error {
+		if n := env.ctr.changes.Load(); n != 1 {
+			return fmt.Errorf("the light socket counted %d changes, want 1", n)
+		}
+		return nil
+	})
+	if r := w.check(); r.Checked != 1 || r.Wrong != 1 || !strings.Contains(r.First, "lt-viewer shows lt-light offline, want online") {
+		t.Errorf("check of a viewer who cannot see its team-mate: %+v, want 1 wrong", r)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	light.lt = nil
+	if up, at := s.up(); up || at.IsZero() || env.ctr.progress().Drops != 0 {
+		t.Errorf("after Close: up %v at %v, %+v; want down, and no drop (the run closed it)", up, at, env.ctr.progress())
+	}
 }
 
 func TestScenarioHeartbeat(t *testing.T) {

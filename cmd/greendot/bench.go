@@ -89,6 +89,7 @@ func bench(args []string, stdout, stderr io.Writer) error {
 	durationVar(fs, &o.Grace, "grace", 0, "the server's --offline-grace `duration` (default 5s)")
 	fs.IntVar(&o.Samplers, "samplers", 20, "connections measuring heartbeat round trips (heartbeat, storm)")
 	fs.IntVar(&o.ConnectConcurrency, "connect-concurrency", 128, "dials in flight per process")
+	fs.IntVar(&o.SampleEvery, "sample-every", 0, "idle: one user in this many is a sampled viewer (the Go client, whose dots are checked after the hold), the others light sockets that heartbeat and read without decoding; 0: all full clients")
 	fs.StringVar(&o.APIKey, "api-key", "", "the server's --api-key; or GREENDOT_API_KEY")
 	fs.StringVar(&o.JWTSecret, "jwt-secret", "", "sign client tokens with the server's --jwt-secret; or GREENDOT_JWT_SECRET (unset: dev mode)")
 	fs.StringVar(&o.RedisAddr, "redis-addr", "", "heartbeat: read this Redis's INFO cpu (host:port or redis://…)")
