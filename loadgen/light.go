@@ -138,14 +138,8 @@ func (d *dialer) dialLightOnce(ctx context.Context, m *member) (*lightSocket, er
 // changes of presence frames by their user ids, until the socket ends.
 func (s *lightSocket) read(ctx context.Context, m *member, ctr *counters) {
 	defer close(s.done)
-	buf := frameBufs.Get().(*bytes.Buffer)
-	defer frameBufs.Put(buf)
 	for {
-		_, r, err := s.conn.Reader(ctx)
-		if err == nil {
-			buf.Reset()
-			_, err = buf.ReadFrom(r)
-		}
+		n, err := s.readFrame(ctx)
 		if err != nil {
 			s.downAt.Store(time.Now().UnixNano())
 			m.up.Store(false)
@@ -157,13 +151,28 @@ func (s *lightSocket) read(ctx context.Context, m *member, ctr *counters) {
 			return
 		}
 		s.lastRead.Store(time.Now().UnixNano())
-		if b := buf.Bytes(); bytes.HasPrefix(b, typePresence) {
-			ctr.changes.Add(int64(bytes.Count(b, userIDField)))
-		}
-		if buf.Cap() > 64<<10 {
-			buf = new(bytes.Buffer) // a large snapshot's buffer goes back to the heap, not the pool
-		}
+		ctr.changes.Add(int64(n))
 	}
+}
+
+// readFrame reads one frame into a pooled buffer and returns the changes it
+// carries (0 unless it is a presence frame).
+func (s *lightSocket) readFrame(ctx context.Context) (int, error) {
+	_, r, err := s.conn.Reader(ctx)
+	if err != nil {
+		return 0, err
+	}
+	buf := frameBufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	_, err = buf.ReadFrom(r)
+	n := 0
+	if b := buf.Bytes(); err == nil && bytes.HasPrefix(b, typePresence) {
+		n = bytes.Count(b, userIDField)
+	}
+	if buf.Cap() <= 64<<10 { // a large frame's buffer goes back to the heap
+		frameBufs.Put(buf)
+	}
+	return n, err
 }
 
 // heartbeat writes one heartbeat and arms the next, the client's way: an id
@@ -184,7 +193,9 @@ func (s *lightSocket) heartbeat() {
 		frame = []byte(`{"type":"heartbeat","id":` + strconv.FormatUint(s.beat, 10) + `}`)
 	}
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// The client's default write timeout; past it the library closes the
+	// connection, which the reader reports as a drop.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	err := s.conn.Write(ctx, websocket.MessageText, frame)
 	cancel()
 	s.mu.Lock()
