@@ -81,6 +81,8 @@ func TestEntryKeepsEveryField(t *testing.T) {
 			Text: "lunch", Emoji: "🥪", ExpiresAt: t0.Add(time.Hour), LastSeen: t0.Add(-time.Second)},
 		{UserID: "erin", State: "offline", Version: 1, Since: t0},
 		{UserID: "frank", State: "online", Version: 2, Since: t0, Emoji: "🎧"},
+		// Past what nanoseconds since 1970 can hold in an int64 (year 2262).
+		{UserID: "grace", State: "away", Version: 3, Since: t0, Text: "sabbatical", ExpiresAt: time.UnixMilli(32503680000000)},
 	} {
 		got := pack(s).unpack(s.UserID)
 		same := got.UserID == s.UserID && got.State == s.State && got.Version == s.Version &&
