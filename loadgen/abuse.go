@@ -21,8 +21,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/golang-jwt/jwt/v5"
 )
 
 // AbuseOptions configures the abuse run: the floods of hostile clients,
@@ -334,8 +332,7 @@ func (a *abuser) dialWS(ctx context.Context, user string) (*rawWS, error) {
 	}
 	q := "user=" + url.QueryEscape(user)
 	if a.o.JWTSecret != "" {
-		claims := jwt.RegisteredClaims{Subject: user, ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}
-		tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString([]byte(a.o.JWTSecret))
+		tok, err := signToken(a.o.JWTSecret, user, time.Hour)
 		if err != nil {
 			c.Close()
 			return nil, err

@@ -68,14 +68,18 @@ func (d *dialer) options(m *member) client.Options {
 	}
 	if d.o.JWTSecret != "" {
 		user, secret, ttl := m.user, d.o.JWTSecret, d.o.MaxTime+time.Hour
-		co.TokenFunc = func(context.Context) (string, error) {
-			claims := jwt.RegisteredClaims{Subject: user, ExpiresAt: jwt.NewNumericDate(time.Now().Add(ttl))}
-			return jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString([]byte(secret))
-		}
+		co.TokenFunc = func(context.Context) (string, error) { return signToken(secret, user, ttl) }
 	} else {
 		co.User = m.user
 	}
 	return co
+}
+
+// signToken is a token for user, signed with the servers' --jwt-secret,
+// valid for ttl.
+func signToken(secret, user string, ttl time.Duration) (string, error) {
+	claims := jwt.RegisteredClaims{Subject: user, ExpiresAt: jwt.NewNumericDate(time.Now().Add(ttl))}
+	return jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString([]byte(secret))
 }
 
 // dial connects m with co, trying three times; it counts the outcome.

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/greendot/greendot/protocol"
 )
@@ -79,8 +78,7 @@ func (d *dialer) dialLightOnce(ctx context.Context, m *member) (*lightSocket, er
 	q := url.Values{"device": {m.device}}
 	header := http.Header{}
 	if o.JWTSecret != "" {
-		claims := jwt.RegisteredClaims{Subject: m.user, ExpiresAt: jwt.NewNumericDate(time.Now().Add(o.MaxTime + time.Hour))}
-		tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString([]byte(o.JWTSecret))
+		tok, err := signToken(o.JWTSecret, m.user, o.MaxTime+time.Hour)
 		if err != nil {
 			return nil, err
 		}
