@@ -343,20 +343,37 @@ func (h *hub) noteSnapshot(c *client, members map[string][]string, ps []presence
 		if _, in := set[lu]; !in {
 			continue // left the team meanwhile
 		}
-		// Others here (other users, or this user's other connections) may
-		// hold something else.
-		crowded := len(set) > 1 || len(lu.conns) > 1
 		read := make([]presence.Presence, 0, len(ms))
 		for _, m := range ms {
 			if p, ok := byUser[m]; ok {
 				read = append(read, p)
 			}
 		}
-		h.views.readAll(team, read, c, crowded)
+		// Others here (other users, or this user's other connections) may
+		// hold something else.
+		h.views.readSnapshot(team, read, c, func() []*client { return bystanders(set, c) })
 		h.views.lacking(team, byUser, queued, c, user)
 		h.views.queuedTo(team, queued, byUser, c)
 	}
 	c.noted.Store(true)
+}
+
+// bystanders is the connections of set (a team's local members) other than
+// c, at most maxOdds+1 of them: beyond maxOdds, odds name nobody. The
+// caller holds h.mu.
+func bystanders(set map[*localUser]struct{}, c *client) []*client {
+	var out []*client
+	for lu := range set {
+		for _, o := range lu.conns {
+			if o == c {
+				continue
+			}
+			if out = append(out, o); len(out) > maxOdds {
+				return out
+			}
+		}
+	}
+	return out
 }
 
 // drainAll tells every client to reconnect after a random delay within

@@ -243,7 +243,34 @@ func (v *views) readAll(team string, ps []presence.Presence, reader *client, oth
 	defer v.mu.Unlock()
 	m := v.teamLocked(team)
 	for _, p := range ps {
-		readLocked(m, p, reader, others)
+		readLocked(m, p, reader, others, nil)
+	}
+}
+
+// readSnapshot is readAll for reader's snapshot, with bystanders listing
+// the team's other indexed connections (called at most once, under v.mu,
+// while the index cannot change). A subject the view has no entry for is
+// then recorded with those named as holding nothing and reader's state as
+// the base, so the odds settle once they have all noted the same. Taking
+// them for the base instead left, after a crowd connected at once with no
+// change to come, every such view mixed for good: 22 MB on a node holding
+// 5,000 idle connections in teams of 100.
+func (v *views) readSnapshot(team string, ps []presence.Presence, reader *client, bystanders func() []*client) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	m := v.teamLocked(team)
+	var listed []*client
+	once := func() []*client {
+		if listed == nil {
+			listed = bystanders()
+			if listed == nil {
+				listed = []*client{}
+			}
+		}
+		return listed
+	}
+	for _, p := range ps {
+		readLocked(m, p, reader, true, once)
 	}
 }
 
@@ -260,11 +287,13 @@ func (v *views) readBy(team string, p presence.Presence, readers []*client, othe
 	defer v.mu.Unlock()
 	m := v.teamLocked(team)
 	for _, c := range readers {
-		readLocked(m, p, c, others)
+		readLocked(m, p, c, others, nil)
 	}
 }
 
-func readLocked(m map[string]view, p presence.Presence, reader *client, others bool) {
+// readLocked records reader's read of p. others: the team may have other
+// members; bystanders, when known, lists their connections (readSnapshot).
+func readLocked(m map[string]view, p presence.Presence, reader *client, others bool, bystanders func() []*client) {
 	look := p.Look()
 	cur, ok := m[p.UserID]
 	forgot := ok && forgotten(p.Version, look, cur.look)
@@ -275,8 +304,19 @@ func readLocked(m map[string]view, p presence.Presence, reader *client, others b
 		nv := view{version: p.Version, look: look}
 		if others && p.State != presence.Offline {
 			// Members already there hold nothing of the subject: offline.
-			nv.odd = &odds{}
-			nv.odd.hold(reader, held{version: p.Version, look: look})
+			// Those indexed later read after this read, and note their
+			// own.
+			mine := held{version: p.Version, look: look}
+			if reader != nil && bystanders != nil {
+				nv.odd = &odds{base: mine}
+				for _, b := range bystanders() {
+					nv.odd.hold(b, held{})
+				}
+				nv.odd = nv.odd.settled(look)
+			} else {
+				nv.odd = &odds{}
+				nv.odd.hold(reader, mine)
+			}
 		}
 		m[p.UserID] = nv
 		return
