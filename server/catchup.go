@@ -78,7 +78,7 @@ func (lu *localUser) caughtUpLocked(team string, joined, left bool) {
 // (see catchUps); h.mu held.
 func (h *hub) toldLocked(lu *localUser, team string) map[string]struct{} {
 	out := make(map[string]struct{}, len(lu.teams))
-	for t := range lu.teams {
+	for _, t := range lu.teams {
 		if t == team || h.large[t] {
 			continue
 		}

@@ -16,7 +16,7 @@ import (
 type localUser struct {
 	id    string
 	conns []*client
-	teams map[string]struct{}
+	teams teamSet // nil until loaded
 	gen   uint64 // bumped by every membership event, to detect stale loads
 	// flight: membership catch-ups queued and not run yet (catchup.go);
 	// nil when none. Guarded by the hub's mu.
@@ -26,6 +26,27 @@ type localUser struct {
 	// gives them, to the connections listed (nil: every one). nil when
 	// none.
 	early map[string][]*client
+}
+
+// teamSet is a user's teams, sorted. A user is in a few teams: a map of one
+// team cost ~270 bytes per user held, a slice of it 16.
+type teamSet []string
+
+func (s teamSet) has(team string) bool {
+	_, ok := slices.BinarySearch(s, team)
+	return ok
+}
+
+func (s *teamSet) add(team string) {
+	if i, ok := slices.BinarySearch(*s, team); !ok {
+		*s = slices.Insert(*s, i, team)
+	}
+}
+
+func (s *teamSet) remove(team string) {
+	if i, ok := slices.BinarySearch(*s, team); ok {
+		*s = slices.Delete(*s, i, i+1)
+	}
 }
 
 // hub indexes this node's connections by user and team and routes store
@@ -134,7 +155,7 @@ func (h *hub) loadTeams(ctx context.Context, lu *localUser) error {
 			}
 			return nil // loaded meanwhile by another connection
 		}
-		lu.teams = make(map[string]struct{}, len(teams))
+		lu.teams = make(teamSet, 0, len(teams))
 		for _, t := range teams {
 			h.joinLocked(lu, t, large[t])
 		}
@@ -157,7 +178,7 @@ func (h *hub) readTeams(ctx context.Context, lu *localUser) ([]string, uint64, e
 // joinLocked indexes lu under team; it reports whether team is new here,
 // and then makes it a large team if large.
 func (h *hub) joinLocked(lu *localUser, team string, large bool) bool {
-	lu.teams[team] = struct{}{}
+	lu.teams.add(team)
 	set := h.byTeam[team]
 	created := set == nil
 	if created {
@@ -173,7 +194,7 @@ func (h *hub) joinLocked(lu *localUser, team string, large bool) bool {
 
 // leaveLocked unindexes lu from team; it reports whether team is gone here.
 func (h *hub) leaveLocked(lu *localUser, team string) bool {
-	delete(lu.teams, team)
+	lu.teams.remove(team)
 	delete(lu.early, team)
 	if set := h.byTeam[team]; set != nil {
 		delete(set, lu)
@@ -233,7 +254,7 @@ func (h *hub) joinWatched(ctx context.Context, lu *localUser, team string, early
 			h.mu.Unlock()
 			continue
 		}
-		_, member := lu.teams[team]
+		member := lu.teams.has(team)
 		ok := h.users[lu.id] == lu && lu.teams != nil && !member && slices.Contains(teams, team)
 		if ok {
 			h.joinLocked(lu, team, large[team])
@@ -281,10 +302,9 @@ func (h *hub) remove(c *client) {
 	if len(lu.conns) > 0 {
 		return
 	}
-	var teams []string
-	for t := range lu.teams {
+	teams := slices.Clone(lu.teams)
+	for _, t := range teams {
 		h.leaveLocked(lu, t)
-		teams = append(teams, t)
 	}
 	delete(h.users, c.user)
 	h.unwatchLater(teams)
@@ -310,11 +330,7 @@ func (h *hub) teamsAt(user string) ([]string, uint64) {
 	if !ok {
 		return nil, 0
 	}
-	out := make([]string, 0, len(lu.teams))
-	for t := range lu.teams {
-		out = append(out, t)
-	}
-	return out, lu.gen
+	return slices.Clone([]string(lu.teams)), lu.gen
 }
 
 // noteSnapshot records in views what a new connection c was given, before
@@ -409,7 +425,7 @@ func (h *hub) ensureIndexed(ctx context.Context, user, team string) {
 	lu := h.users[user]
 	indexed := false
 	if lu != nil && lu.teams != nil {
-		_, indexed = lu.teams[team]
+		indexed = lu.teams.has(team)
 	}
 	h.mu.RUnlock()
 	if lu != nil && !indexed {
@@ -445,7 +461,7 @@ func (h *hub) notGiven(c *client, gen uint64, used []string, r connectReads) boo
 		return true // gone: remove ran, or runs
 	}
 	for team, ms := range members {
-		if _, in := lu.teams[team]; !in || len(ms) > 0 {
+		if !lu.teams.has(team) || len(ms) > 0 {
 			continue
 		}
 		if lu.gen != gen {

@@ -386,9 +386,9 @@ func (h *hub) routeWatchersLocked(ev store.PresenceEvent, ch protocol.Change, se
 	return n
 }
 
-func sharesList(set map[string]struct{}, teams []string) bool {
+func sharesList(set teamSet, teams []string) bool {
 	for _, t := range teams {
-		if _, ok := set[t]; ok {
+		if set.has(t) {
 			return true
 		}
 	}
@@ -435,7 +435,7 @@ func (h *hub) afterSnapshot(c *client) {
 }
 
 func (h *hub) hasLargeLocked(lu *localUser) bool {
-	for t := range lu.teams {
+	for _, t := range lu.teams {
 		if h.large[t] {
 			return true
 		}
@@ -477,7 +477,7 @@ func (h *hub) countsDueLocked(lu *localUser, cc *connCounts, now time.Time) *pro
 		return nil
 	}
 	var out []protocol.TeamCount
-	for team := range lu.teams {
+	for _, team := range lu.teams {
 		t := h.counts.tallies[team]
 		if t == nil || !t.ready {
 			continue
@@ -490,7 +490,7 @@ func (h *hub) countsDueLocked(lu *localUser, cc *connCounts, now time.Time) *pro
 		out = append(out, protocol.TeamCount{TeamID: team, MemberCount: now[0], OnlineCount: now[1]})
 	}
 	for team := range cc.sent {
-		if _, member := lu.teams[team]; !member || !h.large[team] {
+		if !lu.teams.has(team) || !h.large[team] {
 			delete(cc.sent, team) // left: a re-join counts as new
 		}
 	}
@@ -505,7 +505,7 @@ func (h *hub) countsDueLocked(lu *localUser, cc *connCounts, now time.Time) *pro
 // countingLocked reports whether a large team of lu is still being
 // counted. h.mu and counts.mu held.
 func (h *hub) countingLocked(lu *localUser) bool {
-	for team := range lu.teams {
+	for _, team := range lu.teams {
 		if !h.large[team] {
 			continue
 		}
@@ -623,7 +623,7 @@ func (h *hub) resyncLarge(team string, truth []presence.Presence, at time.Time) 
 			if lu == nil || lu.id == g.ch.UserID {
 				continue
 			}
-			if _, in := lu.teams[team]; in {
+			if lu.teams.has(team) {
 				c.push(g.ch, true)
 				sent++
 			}

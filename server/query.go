@@ -111,7 +111,7 @@ func (s *Server) sharesTeamWith(ctx context.Context, viewer string, ids []string
 		// teams is nil while a first connection's teams are loading: ask the store.
 		if lu := s.hub.users[id]; lu != nil && lu.teams != nil {
 			for _, t := range viewerTeams {
-				if _, ok := lu.teams[t]; ok {
+				if lu.teams.has(t) {
 					out[id] = true
 					break
 				}

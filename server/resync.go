@@ -55,7 +55,7 @@ func (h *hub) resync(floor func(string) uint64) {
 		sent++
 		// The views of lu's other teams, not resynced yet, may name c as
 		// holding something else: their odds no longer know.
-		for t := range lu.teams {
+		for _, t := range lu.teams {
 			if t != team {
 				h.views.unsure(t, ch.UserID)
 			}
@@ -165,7 +165,7 @@ func (h *hub) applyMissedMembership(team string, truth []presence.Presence, gens
 		if lu == nil || lu.teams == nil || gens[lu] != lu.gen {
 			continue
 		}
-		if _, ok := lu.teams[team]; !ok {
+		if !lu.teams.has(team) {
 			missed = append(missed, store.MembershipEvent{Team: team, UserID: id, Joined: true, State: p.State, Version: p.Version,
 				UserTeams: store.TeamList(append(teamsBut(lu.teams, team), team))})
 		}
@@ -185,9 +185,9 @@ func (h *hub) applyMissedMembership(team string, truth []presence.Presence, gens
 	h.mu.RUnlock()
 }
 
-func teamsBut(teams map[string]struct{}, team string) []string {
+func teamsBut(teams teamSet, team string) []string {
 	out := make([]string, 0, len(teams))
-	for t := range teams {
+	for _, t := range teams {
 		if t != team {
 			out = append(out, t)
 		}

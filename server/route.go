@@ -146,7 +146,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	// since, whose own event will take this team for the one that showed
 	// the subject (finding 8 of docs/reliability-findings.md).
 	sharesOther := func(lu *localUser, watches bool) (via string, ok bool) {
-		for t := range lu.teams {
+		for _, t := range lu.teams {
 			if t == ev.Team || !st.in[t] {
 				continue
 			}
@@ -173,7 +173,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	var only []*client // of an early team, the connections not given them (nil: all)
 	if subject != nil && subject.teams != nil {
 		subject.gen++
-		_, member := subject.teams[ev.Team]
+		member := subject.teams.has(ev.Team)
 		var early bool
 		only, early = subject.early[ev.Team]
 		delete(subject.early, ev.Team)
@@ -312,7 +312,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			subject.caughtUpLocked(ev.Team, ev.Joined, left)
 			if ev.Joined {
 				delete(subject.early, ev.Team) // given them now
-				if _, in := subject.teams[ev.Team]; out && in {
+				if out && subject.teams.has(ev.Team) {
 					// A later join gives them, to the connections here now:
 					// one made since reads them in its snapshot.
 					for _, c := range subject.conns {
@@ -374,7 +374,7 @@ func (h *hub) unknownLocked(ev store.MembershipEvent, st *subjectTeams) []string
 		if lu.id == ev.UserID {
 			continue
 		}
-		for t := range lu.teams {
+		for _, t := range lu.teams {
 			if t == ev.Team {
 				continue
 			}
@@ -576,7 +576,7 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 	if lu != subject {
 		return
 	}
-	_, indexed := lu.teams[ev.Team]
+	indexed := lu.teams.has(ev.Team)
 	if indexed && ev.Joined && h.views != nil {
 		crowded := len(h.byTeam[ev.Team]) > 1 || (only != nil && len(lu.conns) > 1)
 		// Those left out are seen through another team: the joiner holds
