@@ -17,7 +17,7 @@ type localUser struct {
 	id    string
 	conns []*client
 	teams teamSet // nil until loaded
-	gen   uint64 // bumped by every membership event, to detect stale loads
+	gen   uint64  // bumped by every membership event, to detect stale loads
 	// flight: membership catch-ups queued and not run yet (catchup.go);
 	// nil when none. Guarded by the hub's mu.
 	flight *catchUps
