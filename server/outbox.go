@@ -57,7 +57,6 @@ type client struct {
 
 	timerMu    sync.Mutex  // never held while writing
 	stuckTimer *time.Timer // checkStuck; nil until the first backlog
-	ended      bool        // markClosed ran: arm no timer
 
 	// Only the frame handler touches these; nbio calls it serially.
 	tokens    float64
@@ -65,19 +64,24 @@ type client struct {
 	limited   int // frames refused in a row by the rate limit
 	badStreak int
 
-	mu       sync.Mutex
-	welcomed bool                       // welcome sent: a reconnect frame may follow
-	ready    bool                       // snapshot sent: changes may be written
-	queued   bool                       // on the hub's dirty list
-	pending  map[string]protocol.Change // by subject; nil when empty
-	order    []string                   // subjects in arrival order
-	bulk     int                        // pending entries queued by bulk pushes: exempt from MaxPending
+	// Fields are ordered so that the struct fits a smaller size class: a
+	// node holds one per connection.
+	ended       bool // markClosed ran: arm no timer; guarded by timerMu
+	welcomed    bool // welcome sent: a reconnect frame may follow; the rest by mu
+	ready       bool // snapshot sent: changes may be written
+	queued      bool // on the hub's dirty list
+	hiddenAll   bool // see hidden
+	statusKnown bool // see statusVersion
+
+	mu      sync.Mutex
+	pending map[string]protocol.Change // by subject; nil when empty
+	order   []string                   // subjects in arrival order
+	bulk    int                        // pending entries queued by bulk pushes: exempt from MaxPending
 	// Subjects this connection could see and no longer can, since a team
 	// removal: its client may still hold their old state, so a re-join must
 	// tell it even an offline, at a version above the one it may hold (the
 	// value; 0 unknown). Past maxHidden, hiddenAll stands for them all.
-	hidden    map[string]uint64
-	hiddenAll bool
+	hidden map[string]uint64
 	// Subjects this connection was told at a version above the store's (a
 	// catch-up after a data loss): the teams' views hold the store's
 	// version, so a later removal must remember this one (the value).
@@ -90,9 +94,11 @@ type client struct {
 	recent      map[string]uint64
 	recentUntil time.Time
 	expiry      *time.Timer // token expiry; nil without exp
-	// myStatus is the newest my_status this connection was given (or, before
-	// welcome, is to be given); Type is empty until one is known.
-	myStatus protocol.MyStatus
+	// statusVersion is the version of the newest my_status this connection
+	// was given, or before welcome is to be given (earlyStatus); meaningful
+	// once statusKnown. After welcome only the version is kept.
+	statusVersion uint64
+	earlyStatus   *protocol.MyStatus
 	// px: a Pusher socket (pusher.go), or its user's connection; it gets no
 	// native frames.
 	px *pxConn

@@ -201,12 +201,14 @@ func myStatusFrame(st presence.Status, version uint64) protocol.MyStatus {
 func (c *client) sendMyStatus(f protocol.MyStatus) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if f.Version <= c.myStatus.Version && c.myStatus.Type != "" {
+	if c.statusKnown && f.Version <= c.statusVersion {
 		return
 	}
-	c.myStatus = f
+	c.statusKnown, c.statusVersion = true, f.Version
 	if c.welcomed {
 		c.writeJSONLocked(f)
+	} else {
+		c.earlyStatus = &f
 	}
 }
 
@@ -214,14 +216,21 @@ func (c *client) sendMyStatus(f protocol.MyStatus) {
 // connection holds, read at connect or brought by an event since, unless
 // it is the default.
 func (c *client) welcomeStatusLocked(read protocol.MyStatus) {
-	if c.myStatus.Type == "" || read.Version > c.myStatus.Version {
-		c.myStatus = read
+	if f, send := c.takeWelcomeStatusLocked(read); send {
+		c.writeJSONLocked(f)
 	}
-	f := c.myStatus
-	if f.Mode == protocol.ModeAuto && f.Text == "" && f.Emoji == "" && f.ExpiresAt == nil {
-		return
+}
+
+// takeWelcomeStatusLocked is the my_status welcomeStatusLocked writes: the
+// newer of read and one an event brought before welcome; send is false for
+// the default status.
+func (c *client) takeWelcomeStatusLocked(read protocol.MyStatus) (f protocol.MyStatus, send bool) {
+	f = read
+	if c.statusKnown && read.Version <= c.statusVersion {
+		f = *c.earlyStatus
 	}
-	c.writeJSONLocked(f)
+	c.statusKnown, c.statusVersion, c.earlyStatus = true, f.Version, nil
+	return f, f.Mode != protocol.ModeAuto || f.Text != "" || f.Emoji != "" || f.ExpiresAt != nil
 }
 
 // viewerPresence is p as a query or an HTTP answer other than the truth
