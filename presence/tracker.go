@@ -14,6 +14,25 @@ type connEntry struct {
 	deadline time.Time
 }
 
+// stamp is a time a user entry reports, kept as Unix nanoseconds (0 for
+// the zero time): 8 bytes where a time.Time takes 24, in an entry per user
+// held. Deadlines stay time.Time, for the monotonic clock.
+type stamp int64
+
+func stampOf(t time.Time) stamp {
+	if t.IsZero() {
+		return 0
+	}
+	return stamp(t.UnixNano())
+}
+
+func (s stamp) time() time.Time {
+	if s == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(s))
+}
+
 type userEntry struct {
 	id    string
 	conns []*connEntry // few per user: a slice beats a map
@@ -25,11 +44,11 @@ type userEntry struct {
 	// What viewers were last told (look), since when its state holds, and
 	// the last seen told with an offline.
 	look        Look
-	since       time.Time
-	shownSeen   time.Time
+	since       stamp
+	shownSeen   stamp
 	actual      State // real, dnd applied: the truth an API key reads
-	actualSince time.Time
-	lastSeen    time.Time // last sign of life of a connection that has ended
+	actualSince stamp
+	lastSeen    stamp     // last sign of life of a connection that has ended
 	graceUntil  time.Time // zero unless the user has no connection and is in grace
 	forgetAt    time.Time // when to forget the user; meaningful while forgetIdx >= 0
 	forgetIdx   int       // index in Tracker.forgets; -1 unless offline and due to be forgotten
@@ -250,11 +269,11 @@ func (t *Tracker) Presence(userID string) Presence {
 	p.State = u.look.State
 	p.Version = u.version
 	p.ConnectionCount = len(u.conns)
-	p.LastSeen = u.lastSeen
-	p.Since = u.since
-	p.ShownLastSeen = u.shownSeen
+	p.LastSeen = u.lastSeen.time()
+	p.Since = u.since.time()
+	p.ShownLastSeen = u.shownSeen.time()
 	p.Status = u.status
-	p.Actual, p.ActualSince = u.actual, u.actualSince
+	p.Actual, p.ActualSince = u.actual, u.actualSince.time()
 	for _, ce := range u.conns {
 		if ce.lastSeen.After(p.LastSeen) {
 			p.LastSeen = ce.lastSeen
@@ -284,10 +303,10 @@ func (t *Tracker) Entry(userID string) Presence {
 		return p
 	}
 	p.State, p.Version = u.look.State, u.version
-	p.Since, p.ShownLastSeen = u.since, u.shownSeen
+	p.Since, p.ShownLastSeen = u.since.time(), u.shownSeen.time()
 	p.Status = u.status
-	p.Actual, p.ActualSince = u.actual, u.actualSince
-	p.LastSeen = u.lastSeen
+	p.Actual, p.ActualSince = u.actual, u.actualSince.time()
+	p.LastSeen = u.lastSeen.time()
 	return p
 }
 
@@ -334,8 +353,8 @@ func (t *Tracker) detachLocked(now time.Time, ce *connEntry, cause Cause, out *O
 	if cause == Closed && now.After(seen) {
 		seen = now // the close frame is itself a sign of life
 	}
-	if seen.After(u.lastSeen) {
-		u.lastSeen = seen
+	if s := stampOf(seen); s > u.lastSeen {
+		u.lastSeen = s
 	}
 }
 
@@ -427,7 +446,7 @@ func (t *Tracker) showLocked(now time.Time, u *userEntry, bumped bool, out *Outc
 		actual = DND
 	}
 	if actual != u.actual {
-		u.actual, u.actualSince = actual, now
+		u.actual, u.actualSince = actual, stampOf(now)
 	}
 	l := Look{State: actual}
 	if u.status.Mode == ModeInvisible {
@@ -441,18 +460,18 @@ func (t *Tracker) showLocked(now time.Time, u *userEntry, bumped bool, out *Outc
 		}
 	}
 	if l.State != u.look.State {
-		u.since = now
+		u.since = stampOf(now)
 		if l.State == Offline {
 			// Hidden by invisibility: last seen now. Really offline: the
 			// last sign of life.
 			u.shownSeen = u.lastSeen
 			if u.real != Offline {
-				u.shownSeen = now
+				u.shownSeen = stampOf(now)
 			}
 		}
 	}
 	if l.State == Offline {
-		l.LastSeen = ms(u.shownSeen)
+		l.LastSeen = ms(u.shownSeen.time())
 	}
 	if l == u.look {
 		return
@@ -462,13 +481,13 @@ func (t *Tracker) showLocked(now time.Time, u *userEntry, bumped bool, out *Outc
 	if !bumped {
 		u.version++
 	}
-	c := Change{UserID: u.id, State: l.State, Previous: prev, Version: u.version, At: now, Since: u.since,
+	c := Change{UserID: u.id, State: l.State, Previous: prev, Version: u.version, At: now, Since: u.since.time(),
 		Text: l.Text, Emoji: l.Emoji}
 	if l.ExpiresAt != 0 {
 		c.ExpiresAt = time.UnixMilli(l.ExpiresAt)
 	}
 	if l.State == Offline {
-		c.LastSeen = u.shownSeen
+		c.LastSeen = u.shownSeen.time()
 	}
 	out.Changes = append(out.Changes, c)
 }
