@@ -340,9 +340,9 @@ func (h *hub) noteSnapshot(c *client, members map[string][]string, ps []presence
 		return
 	}
 	user := c.user
-	byUser := make(map[string]presence.Presence, len(ps))
-	for _, p := range ps {
-		byUser[p.UserID] = p
+	byUser := make(map[string]*presence.Presence, len(ps))
+	for i := range ps {
+		byUser[ps[i].UserID] = &ps[i]
 	}
 	h.mu.RLock()
 	defer h.mu.RUnlock()
@@ -359,7 +359,7 @@ func (h *hub) noteSnapshot(c *client, members map[string][]string, ps []presence
 		if _, in := set[lu]; !in {
 			continue // left the team meanwhile
 		}
-		read := make([]presence.Presence, 0, len(ms))
+		read := make([]*presence.Presence, 0, len(ms))
 		for _, m := range ms {
 			if p, ok := byUser[m]; ok {
 				read = append(read, p)

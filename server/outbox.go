@@ -433,17 +433,22 @@ func (c *client) inSnapshotLocked(ch protocol.Change) bool {
 // pending changes (newer versions win; subjects only they name are added, in
 // their order). Offline users are left out.
 func foldSnapshot(users []presence.Presence, pending map[string]protocol.Change, order []string) protocol.Snapshot {
-	frame := protocol.Snapshot{Type: protocol.TypeSnapshot, Users: []protocol.UserState{}}
-	folded := make(map[string]struct{}, len(users))
+	frame := protocol.Snapshot{Type: protocol.TypeSnapshot, Users: make([]protocol.UserState, 0, len(users)+len(order))}
 	for _, p := range users {
 		st := userState(p)
 		if q, ok := pending[p.UserID]; ok && q.Version > p.Version {
 			st = stateOfChange(q)
 		}
-		folded[p.UserID] = struct{}{}
 		if st.State != protocol.StateOffline {
 			frame.Users = append(frame.Users, st)
 		}
+	}
+	if len(order) == 0 {
+		return frame
+	}
+	folded := make(map[string]struct{}, len(users))
+	for _, p := range users {
+		folded[p.UserID] = struct{}{}
 	}
 	for _, s := range order {
 		q, ok := pending[s]

@@ -167,6 +167,17 @@ func (s *Server) teamMembers(ctx context.Context, teams []string) (map[string][]
 
 // union lists every member of every team once, without self.
 func union(members map[string][]string, self string) []string {
+	if len(members) == 1 { // one team: its members are unique already
+		for _, ms := range members {
+			out := make([]string, 0, len(ms))
+			for _, m := range ms {
+				if m != self {
+					out = append(out, m)
+				}
+			}
+			return out
+		}
+	}
 	seen := make(map[string]struct{})
 	var out []string
 	for _, ms := range members {

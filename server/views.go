@@ -255,7 +255,7 @@ func (v *views) readAll(team string, ps []presence.Presence, reader *client, oth
 // them for the base instead left, after a crowd connected at once with no
 // change to come, every such view mixed for good: 22 MB on a node holding
 // 5,000 idle connections in teams of 100.
-func (v *views) readSnapshot(team string, ps []presence.Presence, reader *client, bystanders func() []*client) {
+func (v *views) readSnapshot(team string, ps []*presence.Presence, reader *client, bystanders func() []*client) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	m := v.teamLocked(team)
@@ -270,7 +270,7 @@ func (v *views) readSnapshot(team string, ps []presence.Presence, reader *client
 		return listed
 	}
 	for _, p := range ps {
-		readLocked(m, p, reader, true, once)
+		readLocked(m, *p, reader, true, once)
 	}
 }
 
@@ -356,7 +356,7 @@ func forgotten(version uint64, look, held presence.Look) bool {
 // a membership the view still has, and the reader connected before it was
 // written back. The view would otherwise take the join that writes it back
 // for no news to the reader.
-func (v *views) lacking(team string, given map[string]presence.Presence, queued map[string]held, reader *client, self string) {
+func (v *views) lacking(team string, given map[string]*presence.Presence, queued map[string]held, reader *client, self string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for subject, cur := range v.byTeam[team] {
@@ -383,7 +383,7 @@ func (v *views) lacking(team string, given map[string]presence.Presence, queued 
 // than its read (given): a snapshot sent folds it in. A join's push can
 // come before the snapshot is noted (found in review: recorded as holding
 // nothing, the reader was not sent the subject's offline, a ghost).
-func (v *views) queuedTo(team string, queued map[string]held, given map[string]presence.Presence, reader *client) {
+func (v *views) queuedTo(team string, queued map[string]held, given map[string]*presence.Presence, reader *client) {
 	if len(queued) == 0 {
 		return
 	}

@@ -617,13 +617,17 @@ func (s *Store) retryPublish(ctx context.Context) {
 // p: what viewers see, as a snapshot needs it.
 func parseShown(sv string, p *presence.Presence) bool {
 	head, rest, _ := strings.Cut(sv, "\n")
-	f := strings.Split(head, ":")
-	if len(f) < 2 {
+	var f [5]string // not strings.Split: a snapshot parses one per team-mate
+	n := 0
+	for more := true; more && n < len(f); n++ {
+		f[n], head, more = strings.Cut(head, ":")
+	}
+	if n < 2 {
 		return false
 	}
 	p.State = presence.State(toInt(f[0]))
 	p.Version, _ = strconv.ParseUint(f[1], 10, 64)
-	if len(f) >= 5 {
+	if n == 5 {
 		p.Since = msTime(toInt(f[2]))
 		p.Status.ExpiresAt = msTime(toInt(f[3]))
 		p.ShownLastSeen = msTime(toInt(f[4]))

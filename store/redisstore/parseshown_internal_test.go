@@ -1,0 +1,33 @@
+package redisstore
+
+import (
+	"testing"
+
+	"github.com/greendot/greendot/presence"
+)
+
+func TestParseShownReadsEveryForm(t *testing.T) {
+	for _, tc := range []struct {
+		sv   string
+		ok   bool
+		want presence.Presence
+	}{
+		{"", false, presence.Presence{}},
+		{"1", false, presence.Presence{}},
+		{"1:7", true, presence.Presence{State: presence.State(1), Version: 7}},           // before the look existed
+		{"1:7:1000:2000", true, presence.Presence{State: presence.State(1), Version: 7}}, // too short for the look: state and version only
+		{"0:9:1000:0:3000\n\n", true, presence.Presence{State: presence.State(0), Version: 9, Since: msTime(1000), ShownLastSeen: msTime(3000)}},
+		{"2:8:1000:2000:0\nlunch\n🍔", true, presence.Presence{State: presence.State(2), Version: 8, Since: msTime(1000),
+			Status: presence.Status{Text: "lunch", Emoji: "🍔", ExpiresAt: msTime(2000)}}},
+		{"2:8:1000:2000:0:extra\nt\ne", true, presence.Presence{State: presence.State(2), Version: 8, Since: msTime(1000),
+			Status: presence.Status{Text: "t", Emoji: "e", ExpiresAt: msTime(2000)}}},
+	} {
+		var got presence.Presence
+		ok := parseShown(tc.sv, &got)
+		if ok != tc.ok || ok && (got.State != tc.want.State || got.Version != tc.want.Version || !got.Since.Equal(tc.want.Since) ||
+			!got.ShownLastSeen.Equal(tc.want.ShownLastSeen) || got.Status.Text != tc.want.Status.Text ||
+			got.Status.Emoji != tc.want.Status.Emoji || !got.Status.ExpiresAt.Equal(tc.want.Status.ExpiresAt)) {
+			t.Errorf("parseShown(%q) = %+v, %v; want %+v, %v", tc.sv, got, ok, tc.want, tc.ok)
+		}
+	}
+}
