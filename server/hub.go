@@ -282,6 +282,9 @@ func (h *hub) remove(c *client) {
 		return
 	}
 	h.dropConnLocked(c)
+	if h.views != nil && !c.noted.Load() && lu.teams != nil {
+		h.views.gone(lu.teams, c)
+	}
 	for i, x := range lu.conns {
 		if x == c {
 			lu.conns = append(lu.conns[:i], lu.conns[i+1:]...)
@@ -375,13 +378,14 @@ func (h *hub) noteSnapshot(c *client, members map[string][]string, ps []presence
 }
 
 // bystanders is the connections of set (a team's local members) other than
-// c, at most maxOdds+1 of them: beyond maxOdds, odds name nobody. The
-// caller holds h.mu.
+// c, at most maxOdds+1 of them: beyond maxOdds, odds name nobody. Pusher
+// sockets are left out: never noted, they are sent every change anyway.
+// The caller holds h.mu.
 func bystanders(set map[*localUser]struct{}, c *client) []*client {
 	var out []*client
 	for lu := range set {
 		for _, o := range lu.conns {
-			if o == c {
+			if o == c || o.px != nil {
 				continue
 			}
 			if out = append(out, o); len(out) > maxOdds {

@@ -307,13 +307,24 @@ func readLocked(m map[string]view, p presence.Presence, reader *client, others b
 			// Those indexed later read after this read, and note their
 			// own.
 			mine := held{version: p.Version, look: look}
+			var by []*client
 			if reader != nil && bystanders != nil {
+				by = bystanders()
+			}
+			if by != nil && len(by) <= maxOdds {
 				nv.odd = &odds{base: mine}
-				for _, b := range bystanders() {
-					nv.odd.hold(b, held{})
+				for _, b := range by {
+					// The subject's own connections are never sent the
+					// subject, and never note it: named, they would
+					// keep the view mixed.
+					if b.user != p.UserID {
+						nv.odd.hold(b, held{})
+					}
 				}
 				nv.odd = nv.odd.settled(look)
 			} else {
+				// Too many to name (or none known): as if every other
+				// member held nothing, the reader its read.
 				nv.odd = &odds{}
 				nv.odd.hold(reader, mine)
 			}
@@ -470,6 +481,29 @@ func (v *views) lackers(team, subject string, conns []*client) (all bool, some [
 		}
 	}
 	return false, some
+}
+
+// gone drops c, a connection closed before its snapshot was noted, from the
+// odds of teams' views that name it (a crowd's first read named it as
+// holding nothing), settling them: it holds nothing any more, and would
+// keep them mixed, and itself in memory, until each subject's next change.
+func (v *views) gone(teams []string, c *client) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, t := range teams {
+		m := v.byTeam[t]
+		for subject, cur := range m {
+			if cur.odd == nil || cur.odd.all {
+				continue
+			}
+			if _, ok := cur.odd.except[c]; !ok {
+				continue
+			}
+			delete(cur.odd.except, c)
+			cur.odd = cur.odd.settled(cur.look)
+			m[subject] = cur
+		}
+	}
 }
 
 // get is what team's members hold of subject, if anything is known.
