@@ -291,6 +291,23 @@ func TestChaosOracle(t *testing.T) {
 			changes: []change{online(0.1), {9.5, 9.6, "u01", "offline", "online", 2}},
 			want:    map[string]int{"false offline": 0, "ghost": 0},
 		},
+		// Chaos, one Redis, seed 800521752: an away device reconnected and
+		// froze at once, before it could say away again; the new
+		// connection showed online until it was reaped and its grace ended.
+		"an away device frozen as it reconnects shows online until reaped": {
+			subject:  []sess{{0, 5, "b", "closed"}, {6, 9.1, "c", "lost"}},
+			statuses: [][2]any{{2.0, "away"}},
+			frozen:   [][2]float64{{5.98, 12}},
+			changes:  []change{online(0.1), {2.1, 2.1, "u01", "away", "online", 2}, {0, 10.2, "u01", "online", "away", 3}, {10.6, 10.6, "u01", "offline", "online", 4}},
+			want:     map[string]int{"spurious": 0},
+		},
+		"an away device frozen long after it reconnected: online later is spurious": {
+			subject:  []sess{{0, 5, "b", "closed"}, {6, 9.1, "c", "lost"}},
+			statuses: [][2]any{{2.0, "away"}},
+			frozen:   [][2]float64{{7.5, 12}},
+			changes:  []change{online(0.1), {2.1, 2.1, "u01", "away", "online", 2}, {0, 10.2, "u01", "online", "away", 3}, {10.6, 10.6, "u01", "offline", "online", 4}},
+			want:     map[string]int{"spurious": 1},
+		},
 		"a short freeze: the connection lives on": {
 			subject: []sess{{0, 0, "b", ""}},
 			frozen:  [][2]float64{{5, 5.5}},

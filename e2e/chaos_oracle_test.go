@@ -385,7 +385,25 @@ func (o *oracle) buildTruth(u *userTruth) {
 					maybe = append(maybe, mIv{interval: iv, dev: dc, key: s.start, statusAt: st.at.Add(-time.Nanosecond)})
 				}
 			}
-			u.starts = append(u.starts, interval{from: s.start, to: s.start.Add(time.Second)})
+			// A device frozen in its session's first second may not have
+			// sent its status yet (the client re-asserts away once
+			// welcomed): the connection shows online until the thaw, or
+			// until the server reaps it and the grace is over (chaos, one
+			// Redis, seed 800521752: a reconnect frozen at once).
+			startTo := s.start.Add(time.Second)
+			for _, f := range dc.freezes {
+				if f.from.After(startTo) || (!f.to.IsZero() && !f.to.After(s.start)) {
+					continue
+				}
+				until := f.to.Add(time.Second)
+				if f.to.IsZero() || f.to.After(end) {
+					until = end.Add(o.tm.grace + 500*time.Millisecond)
+				}
+				if until.After(startTo) {
+					startTo = until
+				}
+			}
+			u.starts = append(u.starts, interval{from: s.start, to: startTo})
 		}
 		for _, a := range dc.attempts {
 			// The server registers a connection before its welcome: from
