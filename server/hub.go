@@ -282,7 +282,8 @@ func (h *hub) remove(c *client) {
 		return
 	}
 	h.dropConnLocked(c)
-	if h.views != nil && !c.noted.Load() && lu.teams != nil {
+	// A Pusher socket's connection is never noted, nor named (bystanders).
+	if h.views != nil && !c.noted.Load() && c.px == nil && lu.teams != nil {
 		h.views.gone(lu.teams, c)
 	}
 	for i, x := range lu.conns {

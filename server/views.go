@@ -260,12 +260,10 @@ func (v *views) readSnapshot(team string, ps []*presence.Presence, reader *clien
 	defer v.mu.Unlock()
 	m := v.teamLocked(team)
 	var listed []*client
+	done := false
 	once := func() []*client {
-		if listed == nil {
-			listed = bystanders()
-			if listed == nil {
-				listed = []*client{}
-			}
+		if !done {
+			listed, done = bystanders(), true
 		}
 		return listed
 	}
@@ -308,10 +306,11 @@ func readLocked(m map[string]view, p presence.Presence, reader *client, others b
 			// own.
 			mine := held{version: p.Version, look: look}
 			var by []*client
-			if reader != nil && bystanders != nil {
+			named := reader != nil && bystanders != nil
+			if named {
 				by = bystanders()
 			}
-			if by != nil && len(by) <= maxOdds {
+			if named && len(by) <= maxOdds {
 				nv.odd = &odds{base: mine}
 				for _, b := range by {
 					// The subject's own connections are never sent the
