@@ -247,3 +247,71 @@ func TestOccupancy(t *testing.T) {
 		t.Fatalf("changes\n%q\nwant\n%q", got, want)
 	}
 }
+
+// teamViews records what each membership event's view of the user's teams
+// answered while the event was handled (the view is valid only then).
+type teamViews struct {
+	changes
+	mu    sync.Mutex
+	lists [][]string
+	ins   [][]bool
+	probe []string
+}
+
+func (r *teamViews) OnMembership(ev store.MembershipEvent) {
+	list, _ := ev.UserTeams.List(context.Background())
+	in, _ := ev.UserTeams.In(context.Background(), r.probe)
+	r.mu.Lock()
+	r.lists = append(r.lists, list)
+	r.ins = append(r.ins, in)
+	r.mu.Unlock()
+}
+
+func TestTeamsOfStaySortedThroughJoinsAndLeavesInAnyOrder(t *testing.T) {
+	ctx := context.Background()
+	s, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &teamViews{probe: []string{"a", "m", "q", "z"}}
+	s.Subscribe(rec)
+	for _, team := range []string{"m", "c", "z", "a", "q", "m"} { // "m" twice: a no-op
+		must(t, s.AddMember(ctx, team, "bob"))
+	}
+	for _, team := range []string{"q", "x", "a"} { // "x": never joined
+		must(t, s.RemoveMember(ctx, team, "bob"))
+	}
+	teams, err := s.TeamsOf(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"c", "m", "z"}; !slices.Equal(teams, want) {
+		t.Fatalf("teams of bob = %q, want %q", teams, want)
+	}
+	teams[0] = "changed by the caller"
+	if again, _ := s.TeamsOf(ctx, "bob"); again[0] != "c" {
+		t.Fatalf("a caller's change to TeamsOf's answer reached the store: %q", again)
+	}
+	many, _ := s.TeamsOfMany(ctx, []string{"bob", "nobody"})
+	if !slices.Equal(many[0], []string{"c", "m", "z"}) || len(many[1]) != 0 {
+		t.Fatalf("TeamsOfMany = %q", many)
+	}
+
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	// The events: joins m, c, z, a, q (the second m is none), then leaves
+	// q, x, a; each view is the user's teams right after its change.
+	wantLists := [][]string{{"m"}, {"c", "m"}, {"c", "m", "z"}, {"a", "c", "m", "z"}, {"a", "c", "m", "q", "z"},
+		{"a", "c", "m", "z"}, {"a", "c", "m", "z"}, {"c", "m", "z"}}
+	wantIns := [][]bool{{false, true, false, false}, {false, true, false, false}, {false, true, false, true},
+		{true, true, false, true}, {true, true, true, true}, {true, true, false, true}, {true, true, false, true},
+		{false, true, false, true}}
+	if len(rec.lists) != len(wantLists) {
+		t.Fatalf("%d membership events, want %d: %q", len(rec.lists), len(wantLists), rec.lists)
+	}
+	for i := range wantLists {
+		if !slices.Equal(rec.lists[i], wantLists[i]) || !slices.Equal(rec.ins[i], wantIns[i]) {
+			t.Errorf("event %d: List %q In(%q) %v, want %q and %v", i, rec.lists[i], rec.probe, rec.ins[i], wantLists[i], wantIns[i])
+		}
+	}
+}
