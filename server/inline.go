@@ -75,9 +75,39 @@ func (s *Server) heardOnPoller(ws *websocket.Conn, sock, conn *client, now time.
 func (s *Server) answerHeartbeat(c *client, hb *protocol.Heartbeat) {
 	s.metrics.heartbeatFrames.Inc()
 	s.metrics.heartbeats.Inc()
-	if len(hb.ID) > 0 && string(hb.ID) != "null" {
-		c.writeJSON(protocol.HeartbeatAck{Type: protocol.TypeHeartbeatAck, ID: hb.ID})
+	if len(hb.ID) == 0 || string(hb.ID) == "null" {
+		return
 	}
+	if b := ackFrame(hb.ID); b != nil {
+		c.mu.Lock()
+		if c.px == nil {
+			c.writeLocked(b)
+		}
+		c.mu.Unlock()
+		return
+	}
+	c.writeJSON(protocol.HeartbeatAck{Type: protocol.TypeHeartbeatAck, ID: hb.ID})
+}
+
+// ackFrame is the heartbeat_ack of id as json.Marshal encodes it, built
+// without reflection (a fifth of an idle node's time outside system calls
+// was the ack's encoding), for an id of plain characters only: a number, or
+// a string of letters, digits and ._+-. Nil for any other id, which Marshal
+// may compact or escape.
+func ackFrame(id []byte) []byte {
+	const head, tail = `{"type":"` + protocol.TypeHeartbeatAck + `","id":`, `}`
+	for _, ch := range id {
+		switch {
+		case '0' <= ch && ch <= '9', 'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z':
+		case ch == '"' || ch == '.' || ch == '_' || ch == '+' || ch == '-':
+		default:
+			return nil
+		}
+	}
+	b := make([]byte, 0, len(head)+len(id)+len(tail))
+	b = append(b, head...)
+	b = append(b, id...)
+	return append(b, tail...)
 }
 
 // heartbeatFrame decodes data when it is exactly one whole client frame

@@ -1,6 +1,12 @@
 package server
 
-import "testing"
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/greendot/greendot/protocol"
+)
 
 // maskedFrame is a client frame of b0 with payload, masked.
 func maskedFrame(b0 byte, payload string) []byte {
@@ -44,6 +50,73 @@ func TestHeartbeatFrame(t *testing.T) {
 			t.Errorf("%s: id %s, want 12", tc.name, h.ID)
 		}
 	}
+}
+
+// TestAckFrameIsWhatMarshalWrites checks ackFrame against json.Marshal for
+// ids as a heartbeat's decode gives them, and that it leaves to Marshal an
+// id that Marshal would compact or escape.
+func TestAckFrameIsWhatMarshalWrites(t *testing.T) {
+	ids := []string{`12`, `0`, `-3.5e+7`, `1E5`, `"abc"`, `"a.b_c+d-e"`, `""`, `"ABC123"`, `true`, `false`}
+	const plain = "abcxyzABCXYZ0189._+-"
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		b := []byte{'"'}
+		for range r.IntN(20) {
+			b = append(b, plain[r.IntN(len(plain))])
+		}
+		ids = append(ids, string(append(b, '"')), string(rune('1'+r.IntN(9)))+string(b[1:]))
+	}
+	fast := 0
+	for _, id := range append(ids, `"a b"`, `"<x>"`, `"a&b"`, `"\u0041"`, `[1, 2]`, `{"a":1}`, `"é"`, "\"\u2028\"") {
+		f, err := protocol.DecodeClientFrame([]byte(`{"type":"heartbeat","id":` + id + `}`))
+		if err != nil || f.Heartbeat == nil {
+			continue // not an id a heartbeat can carry
+		}
+		want, err := json.Marshal(protocol.HeartbeatAck{Type: protocol.TypeHeartbeatAck, ID: f.Heartbeat.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ackFrame(f.Heartbeat.ID)
+		if got == nil {
+			continue
+		}
+		fast++
+		if string(got) != string(want) {
+			t.Errorf("id %s: ackFrame %s, Marshal %s", f.Heartbeat.ID, got, want)
+		}
+	}
+	if fast < 200 {
+		t.Errorf("ackFrame encoded %d ids itself, want the plain ones (200 or more)", fast)
+	}
+	for _, id := range []string{`"a b"`, `"<x>"`, `"a&b"`, `"\u0041"`, `[1,2]`, `{"a":1}`, `"é"`} {
+		if b := ackFrame([]byte(id)); b != nil {
+			t.Errorf("ackFrame(%s) = %s, want nil: Marshal's to write", id, b)
+		}
+	}
+}
+
+var ackSink []byte
+
+// BenchmarkAckFrame is the ack's encoding, beside Marshal's.
+func BenchmarkAckFrame(b *testing.B) {
+	id := json.RawMessage(`12`)
+	b.Run("ackFrame", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if ackSink = ackFrame(id); ackSink == nil {
+				b.Fatal("not encoded")
+			}
+		}
+	})
+	b.Run("Marshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var err error
+			if ackSink, err = json.Marshal(protocol.HeartbeatAck{Type: protocol.TypeHeartbeatAck, ID: id}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // BenchmarkHeartbeatFrame is the poller's decode of a heartbeat read.
