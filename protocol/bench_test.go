@@ -77,3 +77,33 @@ func BenchmarkDecodeClientFrame(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAppendFrame is the server's encoding of the frames it writes
+// most, beside BenchmarkEncodeFrame's json.Marshal of the same, into a
+// buffer sized as the server sizes it.
+func BenchmarkAppendFrame(b *testing.B) {
+	users := make([]protocol.UserState, 99)
+	for i := range users {
+		users[i] = protocol.UserState{UserID: "user-" + strconv.Itoa(i), State: protocol.StateOnline, Version: 3}
+	}
+	one := protocol.Presence{Type: protocol.TypePresence, Changes: changes(1)}
+	batch := protocol.Presence{Type: protocol.TypePresence, Changes: changes(32)}
+	snap := protocol.Snapshot{Type: protocol.TypeSnapshot, Users: users}
+	for _, f := range []struct {
+		name   string
+		encode func() []byte
+	}{
+		{"presence_1", func() []byte { return protocol.AppendPresence(make([]byte, 0, protocol.PresenceSize(one)), one) }},
+		{"presence_32", func() []byte { return protocol.AppendPresence(make([]byte, 0, protocol.PresenceSize(batch)), batch) }},
+		{"snapshot_99", func() []byte { return protocol.AppendSnapshot(make([]byte, 0, protocol.SnapshotSize(snap)), snap) }},
+	} {
+		b.Run(f.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var n int
+			for b.Loop() {
+				n = len(f.encode())
+			}
+			b.SetBytes(int64(n))
+		})
+	}
+}

@@ -351,7 +351,9 @@ func (c *client) sendSnapshot(users []presence.Presence) {
 	c.pending, c.order, c.bulk = nil, nil, 0
 	c.noteRecentLocked(users, frame)
 	// Written under mu so no flush can overtake it.
-	c.writeJSONLocked(frame)
+	if c.px == nil {
+		c.writeLocked(protocol.AppendSnapshot(make([]byte, 0, protocol.SnapshotSize(frame)), frame))
+	}
 	c.ready = true
 	c.mu.Unlock()
 }
@@ -496,7 +498,7 @@ func (c *client) flush(enc *frameCache) {
 				frame.Changes = append(frame.Changes, ch)
 			}
 		}
-		b, _ = json.Marshal(frame) // plain structs: cannot fail
+		b = protocol.AppendPresence(make([]byte, 0, protocol.PresenceSize(frame)), frame)
 	}
 	// An idle connection keeps neither: the arrays of its busiest moment,
 	// kept for reuse, were a fifth of the heap of 15,000 idle connections.
@@ -667,7 +669,8 @@ func (f *frameCache) single(ch protocol.Change) []byte {
 	if b, ok := f.m[ch]; ok {
 		return b
 	}
-	b, _ := json.Marshal(protocol.Presence{Type: protocol.TypePresence, Changes: []protocol.Change{ch}})
+	frame := protocol.Presence{Type: protocol.TypePresence, Changes: []protocol.Change{ch}}
+	b := protocol.AppendPresence(make([]byte, 0, protocol.PresenceSize(frame)), frame)
 	if f.m == nil {
 		f.m = make(map[protocol.Change][]byte)
 	}
