@@ -547,6 +547,11 @@ func heartbeatWithSimpleID(data []byte) (json.RawMessage, bool) {
 			return nil, false
 		}
 	}
+	// JSON numbers have no leading zeros: 007 is no id, and the general
+	// path refuses it (an ack echoing it would not be JSON).
+	if digits := bytes.TrimPrefix(body, []byte("-")); !quoted && len(digits) > 1 && digits[0] == '0' {
+		return nil, false
+	}
 	return json.RawMessage(bytes.Clone(id)), true
 }
 

@@ -58,6 +58,26 @@ func TestHeartbeatFastPathAgrees(t *testing.T) {
 	}
 }
 
+// TestHeartbeatIDWithLeadingZerosIsRefused: 007 is not JSON, and an ack
+// echoing it would not be either.
+func TestHeartbeatIDWithLeadingZerosIsRefused(t *testing.T) {
+	for _, id := range []string{`007`, `00`, `-01`, `0123456789`} {
+		in := `{"type":"heartbeat","id":` + id + `}`
+		if _, ok := heartbeatWithSimpleID([]byte(in)); ok {
+			t.Errorf("%s: taken by the fast path", in)
+		}
+		if f, err := DecodeClientFrame([]byte(in)); err == nil {
+			t.Errorf("%s: decoded as %+v, want an error", in, f.Heartbeat)
+		}
+	}
+	for _, id := range []string{`0`, `-0`, `10`, `-10`, `"007"`} {
+		in := `{"type":"heartbeat","id":` + id + `}`
+		if f, err := DecodeClientFrame([]byte(in)); err != nil || string(f.Heartbeat.ID) != id {
+			t.Errorf("%s: %v, %+v", in, err, f.Heartbeat)
+		}
+	}
+}
+
 func TestValidID(t *testing.T) {
 	for id, want := range map[string]bool{
 		"alice": true, "ünï 🙂": true, "a b": true, strings.Repeat("x", 128): true,
