@@ -75,7 +75,9 @@ func (a *authenticator) authenticate(r *http.Request) (identity, error) {
 		if !protocol.ValidID(user) {
 			return identity{}, errBadID("user")
 		}
-		return identity{userID: user}, nil
+		// Copied: a substring of the query would keep the whole request
+		// URI in memory for as long as the connection.
+		return identity{userID: strings.Clone(user)}, nil
 	}
 	if hasUser {
 		return identity{}, errors.New("?user= is not accepted: identify with a token")

@@ -107,14 +107,11 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	if !s.validUpgrade(w, r) {
 		return
 	}
-	device := "web"
-	if d, ok := r.URL.Query()["device"]; ok {
-		device = d[0]
-		if !protocol.ValidID(device) {
-			s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
-			writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, errBadID("device").Error())
-			return
-		}
+	device, ok := deviceOf(r)
+	if !ok {
+		s.metrics.connectsRejected.WithLabelValues(reasonBadRequest).Inc()
+		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, errBadID("device").Error())
+		return
 	}
 	if !id.expiry.IsZero() && !id.expiry.After(s.cfg.Now()) {
 		writeError(w, http.StatusUnauthorized, protocol.CodeUnauthorized, "token expired")
@@ -266,6 +263,18 @@ func (s *Server) mayConnect(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	return true
+}
+
+// deviceOf is r's ?device= ("web" when absent), and whether it is a valid
+// id. The value is copied: a query value is a substring of the request's
+// URI, which would then stay in memory, token and all, for as long as the
+// connection.
+func deviceOf(r *http.Request) (string, bool) {
+	d, ok := r.URL.Query()["device"]
+	if !ok {
+		return "web", true
+	}
+	return strings.Clone(d[0]), protocol.ValidID(d[0])
 }
 
 // validUpgrade checks the WebSocket handshake here so that a bad one is

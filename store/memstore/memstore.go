@@ -375,6 +375,10 @@ func (s *Store) membership(team, user string, join bool) error {
 	}
 	delete(s.sorted, team)
 	if join {
+		// Copies: the caller's may be pieces of a request's URI (a path
+		// value), which the store would otherwise keep whole for as long as
+		// the membership.
+		team, user = strings.Clone(team), strings.Clone(user)
 		if members == nil {
 			members = make(map[string]struct{})
 			s.teams[team] = members

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store"
@@ -313,5 +314,33 @@ func TestTeamsOfStaySortedThroughJoinsAndLeavesInAnyOrder(t *testing.T) {
 		if !slices.Equal(rec.lists[i], wantLists[i]) || !slices.Equal(rec.ins[i], wantIns[i]) {
 			t.Errorf("event %d: List %q In(%q) %v, want %q and %v", i, rec.lists[i], rec.probe, rec.ins[i], wantLists[i], wantIns[i])
 		}
+	}
+}
+
+// TestMembershipKeepsCopiesOfItsNames: the names a membership keeps are
+// the store's own, not pieces of the caller's strings (a request's URI).
+func TestMembershipKeepsCopiesOfItsNames(t *testing.T) {
+	ctx := context.Background()
+	s, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uri := "/v1/teams/core/members/alice"
+	team, user := uri[10:14], uri[23:]
+	must(t, s.AddMember(ctx, team, user))
+	inURI := func(v string) bool {
+		p, start := uintptr(unsafe.Pointer(unsafe.StringData(v))), uintptr(unsafe.Pointer(unsafe.StringData(uri)))
+		return p >= start && p < start+uintptr(len(uri))
+	}
+	if !inURI(team) || !inURI(user) {
+		t.Fatal("the names are not pieces of the URI: this test checks nothing")
+	}
+	members, _ := s.Members(ctx, "core")
+	if len(members) != 1 || members[0] != "alice" || inURI(members[0]) {
+		t.Errorf("members of core = %q: the store kept the caller's string", members)
+	}
+	teams, _ := s.TeamsOf(ctx, "alice")
+	if len(teams) != 1 || teams[0] != "core" {
+		t.Fatalf("teams of alice = %q", teams)
 	}
 }
