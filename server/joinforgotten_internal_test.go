@@ -91,3 +91,83 @@ func read(t *testing.T, st store.Store, user string) presence.Presence {
 	}
 	return ps[0]
 }
+
+// lostShared is the memory store taken for a shared one whose reads take
+// the users in lost for never seen: what Redis answers after a master
+// restarted empty, until the users' nodes assert their connections again
+// (a heartbeat of each, up to an interval later).
+type lostShared struct {
+	sharedHooked
+	lost map[string]bool
+}
+
+func (s lostShared) Presence(ctx context.Context, users []string) ([]presence.Presence, error) {
+	ps, err := s.sharedHooked.Presence(ctx, users)
+	for i := range ps {
+		if s.lost[ps[i].UserID] {
+			ps[i] = presence.Presence{UserID: ps[i].UserID}
+		}
+	}
+	return ps, err
+}
+
+// The same as TestJoinCatchUpCorrectsAStaleStateTheStoreNoLongerHas with
+// the view online: the joiner holds the subject's offline from before, the
+// subject has come online since (routed while the joiner was out of their
+// teams), and the store has lost the subject's data. The catch-up sent
+// nothing, so the joiner showed the subject offline until a resync (chaos,
+// cluster, seed 474819386: u03 showed u19 offline 6.7 s after joining t2;
+// shard 1's master had restarted empty 3 s before the join).
+func TestJoinCatchUpSendsTheViewsOnlineOfAMemberTheStoreLost(t *testing.T) {
+	ctx := context.Background()
+	h, st, sm, local := catchUpHub(t, "shared", [][2]string{{"t3", "u03"}, {"t3", "u15"}, {"t1", "u15"}, {"t1", "u22"}})
+	mem := st.(*memstore.Store)
+	online(t, st, "u15")
+	if err := st.Disconnect(ctx, "d-u15", presence.Closed); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if off := read(t, st, "u15"); off.State != presence.Offline || off.Version == 0 {
+		t.Fatalf("u15 after its disconnect: %+v", off)
+	}
+	local("u22") // t1's view holds u15 through u22
+	w := &wire{c: local("u03")}
+	// u03 leaves t3 holding u15's state: hidden at that version.
+	if err := st.RemoveMember(ctx, "t3", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t3", UserID: "u03", UserTeams: store.TeamList{}})
+	runJobs(ctx, h, w)
+	w.c.mu.Lock()
+	hidden := w.c.hidden["u15"]
+	w.c.mu.Unlock()
+	if hidden == 0 {
+		t.Fatal("u15 not hidden from u03")
+	}
+	// u15 comes back, at a newer version: routed to u22 only.
+	on := online(t, st, "u15")
+	if on <= hidden {
+		t.Fatalf("u15 back online at %d, not above the hidden %d", on, hidden)
+	}
+	h.OnPresence(store.PresenceEvent{Change: presence.Change{UserID: "u15", State: presence.Online, Version: on, At: time.Now()},
+		Teams: []string{"t1", "t3"}})
+	runJobs(ctx, h, w)
+	if strings.Contains(w.String(), "u15=") {
+		t.Fatalf("u03, out of u15's teams, was sent %s", w)
+	}
+	// The store loses u15; u03 joins t1.
+	h.srv.store = lostShared{sharedHooked{hookedMem{mem, sm}}, map[string]bool{"u15": true}}
+	if p := read(t, h.srv.store, "u15"); p.Version != 0 {
+		t.Fatalf("u15 as read now: %+v, want never seen", p)
+	}
+	if err := st.AddMember(ctx, "t1", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t1", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t1"}})
+	runJobs(ctx, h, w)
+	if want := fmt.Sprintf("u15=online@%d", on); !strings.Contains(w.String(), want) {
+		t.Fatalf("u03, back in a team with u15 and holding an older state, was sent %s; want %s", w, want)
+	}
+}

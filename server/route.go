@@ -592,14 +592,15 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 			// the read): the state read is stale, and sending it now
 			// would take the joiner's view back.
 			if cur, ok := h.views.get(ev.Team, p.UserID); ok && cur.version > p.Version {
-				if p.Version != 0 || cur.look.State != presence.Offline || lu.flight.holds(p.UserID, cur.version) {
+				if p.Version != 0 || lu.flight.holds(p.UserID, cur.version) {
 					continue
 				}
 				// Read as never seen: the store lost the subject with its
-				// data, or forgot them. The view's offline was routed while
-				// the joiner was out of the team, and a joiner holding the
-				// subject from before must be sent it (chaos seed
-				// 225511678: it kept showing them away).
+				// data (until their node asserts them again), or forgot
+				// them. The view's state was routed while the joiner was out
+				// of the team, and a joiner holding the subject from before
+				// must be sent it, offline or not (chaos: seed 225511678
+				// kept showing them away, seed 474819386 offline).
 				p = cur.presence(p.UserID)
 			}
 			// Each of the joiner's connections is sent p below, unless m's
