@@ -169,6 +169,7 @@ func (s *Store) SetStatus(_ context.Context, connID string, active bool) error {
 
 // SetUserStatus implements store.StatusStore.
 func (s *Store) SetUserStatus(_ context.Context, user string, st presence.Status) error {
+	user = strings.Clone(user) // may be a piece of a request's URI, and start the user's entry
 	return s.transition(store.OpUserStatus, func(now time.Time) (presence.Outcome, error) {
 		return s.tracker.SetUserStatus(now, user, st)
 	})
@@ -271,7 +272,9 @@ func (s *Store) membersLocked(team string) []string {
 		return m
 	}
 	m := sortedKeys(s.teams[team])
-	s.sorted[team] = m
+	if len(m) > 0 { // a name without members is not kept: any caller may ask for any
+		s.sorted[strings.Clone(team)] = m
+	}
 	return m
 }
 
@@ -374,11 +377,11 @@ func (s *Store) membership(team, user string, join bool) error {
 		return nil
 	}
 	delete(s.sorted, team)
+	// Copies: the caller's may be pieces of a request's URI (a path value),
+	// which the store and the event's receivers would otherwise keep whole
+	// (a map assignment replaces the key it finds, a leave's too).
+	team, user = strings.Clone(team), strings.Clone(user)
 	if join {
-		// Copies: the caller's may be pieces of a request's URI (a path
-		// value), which the store would otherwise keep whole for as long as
-		// the membership.
-		team, user = strings.Clone(team), strings.Clone(user)
 		if members == nil {
 			members = make(map[string]struct{})
 			s.teams[team] = members

@@ -343,4 +343,50 @@ func TestMembershipKeepsCopiesOfItsNames(t *testing.T) {
 	if len(teams) != 1 || teams[0] != "core" {
 		t.Fatalf("teams of alice = %q", teams)
 	}
+
+	// A leave's event, and a status's change of a user the store did not
+	// know, carry the store's copies too: receivers keep them (a hidden
+	// subject's id, a webhook's).
+	rec := &names{}
+	s.Subscribe(rec)
+	leave := "/v1/teams/core/members/alice"
+	must(t, s.RemoveMember(ctx, leave[10:14], leave[23:]))
+	status := "/v1/users/carol/status"
+	must(t, s.SetUserStatus(ctx, status[10:15], presence.Status{Mode: presence.ModeDND, Text: "away"}))
+	if ps, _ := s.Presence(ctx, []string{"carol"}); ps[0].Status.Mode != presence.ModeDND {
+		t.Errorf("carol after her status: %+v", ps[0])
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.got) != 3 {
+		t.Fatalf("names in events: %q, want alice and core of the leave, carol of the status", rec.got)
+	}
+	for _, n := range rec.got {
+		if within(n, leave) || within(n, status) {
+			t.Errorf("an event carried %q, a piece of the caller's string", n)
+		}
+	}
+}
+
+// names records the ids and teams events carry.
+type names struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (r *names) OnPresence(ev store.PresenceEvent) {
+	r.mu.Lock()
+	r.got = append(r.got, ev.Change.UserID)
+	r.mu.Unlock()
+}
+
+func (r *names) OnMembership(ev store.MembershipEvent) {
+	r.mu.Lock()
+	r.got = append(r.got, ev.UserID, ev.Team)
+	r.mu.Unlock()
+}
+
+func within(s, of string) bool {
+	p, start := uintptr(unsafe.Pointer(unsafe.StringData(s))), uintptr(unsafe.Pointer(unsafe.StringData(of)))
+	return len(s) > 0 && p >= start && p < start+uintptr(len(of))
 }
