@@ -38,15 +38,7 @@ func TestJoinCatchUpCorrectsAStaleStateTheStoreNoLongerHas(t *testing.T) {
 	w := &wire{c: local("u03")}
 
 	// u03 leaves t3: u15 is out of sight, hidden at the version held.
-	if err := st.RemoveMember(ctx, "t3", "u03"); err != nil {
-		t.Fatal(err)
-	}
-	h.OnMembership(store.MembershipEvent{Team: "t3", UserID: "u03", UserTeams: store.TeamList{}})
-	runJobs(ctx, h, w)
-	w.c.mu.Lock()
-	hidden := w.c.hidden["u15"]
-	w.c.mu.Unlock()
-	if hidden != away.Version {
+	if hidden := leaveHiding(t, h, st, w, "u15"); hidden != away.Version {
 		t.Fatalf("u15 hidden from u03 at %d, want the away u03 holds, %d", hidden, away.Version)
 	}
 	// u15 goes offline: routed through t1, to u22 only.
@@ -81,6 +73,21 @@ func TestJoinCatchUpCorrectsAStaleStateTheStoreNoLongerHas(t *testing.T) {
 	if want := fmt.Sprintf("u15=offline@%d", off.Version); !strings.Contains(w.String(), want) {
 		t.Fatalf("u03, back in a team with u15 and holding its away, was sent %s; want %s", w, want)
 	}
+}
+
+// leaveHiding takes u03, w's user, out of t3, its only team, and returns
+// the version at which subject is hidden from it since.
+func leaveHiding(t *testing.T, h *hub, st store.Store, w *wire, subject string) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	if err := st.RemoveMember(ctx, "t3", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t3", UserID: "u03", UserTeams: store.TeamList{}})
+	runJobs(ctx, h, w)
+	w.c.mu.Lock()
+	defer w.c.mu.Unlock()
+	return w.c.hidden[subject]
 }
 
 func read(t *testing.T, st store.Store, user string) presence.Presence {
@@ -135,14 +142,7 @@ func TestJoinCatchUpSendsTheViewsOnlineOfAMemberTheStoreLost(t *testing.T) {
 	local("u22") // t1's view holds u15 through u22
 	w := &wire{c: local("u03")}
 	// u03 leaves t3 holding u15's state: hidden at that version.
-	if err := st.RemoveMember(ctx, "t3", "u03"); err != nil {
-		t.Fatal(err)
-	}
-	h.OnMembership(store.MembershipEvent{Team: "t3", UserID: "u03", UserTeams: store.TeamList{}})
-	runJobs(ctx, h, w)
-	w.c.mu.Lock()
-	hidden := w.c.hidden["u15"]
-	w.c.mu.Unlock()
+	hidden := leaveHiding(t, h, st, w, "u15")
 	if hidden == 0 {
 		t.Fatal("u15 not hidden from u03")
 	}
