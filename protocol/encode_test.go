@@ -3,6 +3,8 @@ package protocol_test
 import (
 	"encoding/json"
 	"math/rand/v2"
+	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/greendot/greendot/protocol"
@@ -84,6 +86,33 @@ func TestSizesHoldPlainFrames(t *testing.T) {
 		}
 		if n, size := len(protocol.AppendPresence(nil, pres)), protocol.PresenceSize(pres); n > size {
 			t.Fatalf("presence of %d changes: %d bytes, PresenceSize %d", len(pres.Changes), n, size)
+		}
+	}
+}
+
+// TestAppendKnowsEveryField: a field added to a frame's structs must be
+// added to the encoders too. The randomized test above fills only the
+// fields it names, so an omitempty field the encoders lack would pass it
+// and be dropped from every frame.
+func TestAppendKnowsEveryField(t *testing.T) {
+	for _, c := range []struct {
+		v    any
+		tags []string
+	}{
+		{protocol.Snapshot{}, []string{"type", "users"}},
+		{protocol.UserState{}, []string{"user_id", "state", "version", "text,omitempty", "emoji,omitempty",
+			"expires_at,omitempty", "since,omitempty"}},
+		{protocol.Presence{}, []string{"type", "changes"}},
+		{protocol.Change{}, []string{"user_id", "state", "version", "at", "text,omitempty", "emoji,omitempty",
+			"expires_at,omitempty", "since,omitempty", "last_seen,omitempty"}},
+	} {
+		typ := reflect.TypeOf(c.v)
+		var tags []string
+		for i := range typ.NumField() {
+			tags = append(tags, typ.Field(i).Tag.Get("json"))
+		}
+		if !slices.Equal(tags, c.tags) {
+			t.Errorf("%s's fields are %q; protocol/encode.go writes %q: teach AppendSnapshot/AppendPresence the change", typ, tags, c.tags)
 		}
 	}
 }
