@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
 	"github.com/greendot/greendot/store"
 	"github.com/greendot/greendot/store/memstore"
 	"github.com/greendot/greendot/store/redisstore"
@@ -212,8 +213,9 @@ func online(t *testing.T, st store.Store, user string) uint64 {
 // wire is what a socketless connection was sent: write moves its outbox
 // there, as a flush would.
 type wire struct {
-	c    *client
-	sent []string
+	c     *client
+	sent  []string
+	whole []protocol.Change // sent, field by field
 }
 
 func (w *wire) write() {
@@ -222,6 +224,7 @@ func (w *wire) write() {
 	for _, s := range w.c.order {
 		ch := w.c.pending[s]
 		w.sent = append(w.sent, fmt.Sprintf("%s=%s@%d", ch.UserID, ch.State, ch.Version))
+		w.whole = append(w.whole, ch)
 	}
 	w.c.pending, w.c.order, w.c.bulk = nil, nil, 0
 }

@@ -151,7 +151,8 @@ func TestJoinCatchUpSendsTheViewsOnlineOfAMemberTheStoreLost(t *testing.T) {
 	if on <= hidden {
 		t.Fatalf("u15 back online at %d, not above the hidden %d", on, hidden)
 	}
-	h.OnPresence(store.PresenceEvent{Change: presence.Change{UserID: "u15", State: presence.Online, Version: on, At: time.Now()},
+	back := time.Now().Truncate(time.Millisecond)
+	h.OnPresence(store.PresenceEvent{Change: presence.Change{UserID: "u15", State: presence.Online, Version: on, At: back, Since: back},
 		Teams: []string{"t1", "t3"}})
 	runJobs(ctx, h, w)
 	if strings.Contains(w.String(), "u15=") {
@@ -169,5 +170,11 @@ func TestJoinCatchUpSendsTheViewsOnlineOfAMemberTheStoreLost(t *testing.T) {
 	runJobs(ctx, h, w)
 	if want := fmt.Sprintf("u15=online@%d", on); !strings.Contains(w.String(), want) {
 		t.Fatalf("u03, back in a team with u15 and holding an older state, was sent %s; want %s", w, want)
+	}
+	// Every entry carries since (docs/protocol.md), this one from the view.
+	for _, ch := range w.whole {
+		if ch.UserID == "u15" && ch.Since != back.UnixMilli() {
+			t.Fatalf("u15's online sent with since %d, want %d (when it came online)", ch.Since, back.UnixMilli())
+		}
 	}
 }

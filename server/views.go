@@ -34,6 +34,7 @@ type view struct {
 	version uint64        // the newest version routed or read: older copies are stale
 	routed  uint64        // the newest version routed: a copy of it is no news
 	look    presence.Look // what they see: state, status text, last seen
+	since   int64         // ms: when look's state began (a change of text keeps it); 0 unknown
 	// odd: nil while every member holds look (at version, or at an older
 	// one with the same look). Otherwise some may hold another (a snapshot
 	// read disagreed with what was routed): who holds what, as far as known.
@@ -44,8 +45,8 @@ type view struct {
 // presence is the view's state of subject, as a store would read it.
 func (v view) presence(subject string) presence.Presence {
 	return presence.Presence{UserID: subject, State: v.look.State, Version: v.version,
-		ShownLastSeen: msTime(v.look.LastSeen),
-		Status:        presence.Status{Text: v.look.Text, Emoji: v.look.Emoji, ExpiresAt: msTime(v.look.ExpiresAt)}}
+		Since: msTime(v.since), ShownLastSeen: msTime(v.look.LastSeen),
+		Status: presence.Status{Text: v.look.Text, Emoji: v.look.Emoji, ExpiresAt: msTime(v.look.ExpiresAt)}}
 }
 
 // odds is what the members of a mixed view hold. Only the exceptions are
@@ -196,7 +197,7 @@ func (v *views) route(teams []string, ch presence.Change, deliver []reach) {
 	for i, t := range teams {
 		m := v.teamLocked(t)
 		cur, ok := m[ch.UserID]
-		next := view{version: ch.Version, look: ch.Look(), routed: ch.Version}
+		next := view{version: ch.Version, look: ch.Look(), since: msOf(ch.Since), routed: ch.Version}
 		switch {
 		case !ok:
 			deliver[i] = reach{all: !copied}
@@ -299,7 +300,7 @@ func readLocked(m map[string]view, p presence.Presence, reader *client, others b
 		look.LastSeen = cur.look.LastSeen
 	}
 	if !ok {
-		nv := view{version: p.Version, look: look}
+		nv := view{version: p.Version, look: look, since: msOf(p.Since)}
 		if others && p.State != presence.Offline {
 			// Members already there hold nothing of the subject: offline.
 			// Those indexed later read after this read, and note their
@@ -332,7 +333,9 @@ func readLocked(m map[string]view, p presence.Presence, reader *client, others b
 		return
 	}
 	if same(look, cur.look) && cur.odd == nil {
-		cur.version = max(cur.version, p.Version)
+		if p.Version > cur.version {
+			cur.version, cur.since = p.Version, msOf(p.Since)
+		}
 		m[p.UserID] = cur
 		return
 	}
@@ -344,7 +347,7 @@ func readLocked(m map[string]view, p presence.Presence, reader *client, others b
 	// the reader (folded into its snapshot), or not.
 	o.hold(reader, held{version: p.Version, look: look, unknown: p.Version < cur.version && !forgot})
 	if p.Version > cur.version {
-		cur.version, cur.look = p.Version, look
+		cur.version, cur.look, cur.since = p.Version, look, msOf(p.Since)
 	}
 	cur.odd = o.settled(cur.look)
 	m[p.UserID] = cur
@@ -432,7 +435,7 @@ func (v *views) adopt(team, from, subject string, others bool) {
 	m := v.teamLocked(team)
 	cur, had := m[subject]
 	if !had {
-		nv := view{version: src.version, look: src.look}
+		nv := view{version: src.version, look: src.look, since: src.since}
 		if src.odd != nil || (others && src.look.State != presence.Offline) {
 			nv.odd = unsure()
 		}
@@ -447,7 +450,7 @@ func (v *views) adopt(team, from, subject string, others bool) {
 		cur.odd = unsure() // the joiner's connections hold what from's members do
 	}
 	if src.version > cur.version {
-		cur.version, cur.look = src.version, src.look
+		cur.version, cur.look, cur.since = src.version, src.look, src.since
 	}
 	m[subject] = cur
 }
@@ -618,7 +621,7 @@ func (v *views) resync(team string, truth []presence.Presence, floor func(string
 		if t.Version <= f {
 			routed = max(routed, t.Version)
 		}
-		m[t.UserID] = view{version: t.Version, look: look, routed: routed}
+		m[t.UserID] = view{version: t.Version, look: look, since: msOf(t.Since), routed: routed}
 	}
 	// Subjects no longer members are not carried over: nothing more is sent
 	// between users who no longer share the team.
