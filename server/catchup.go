@@ -1,6 +1,11 @@
 package server
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/protocol"
+)
 
 // catchUps is a local user's membership catch-ups in flight: from a
 // membership event of theirs to its reconcile on the worker
@@ -28,11 +33,11 @@ type catchUps struct {
 	sent sentVersions
 }
 
-// sentVersions is the newest version of each subject queued to a user's
+// sentVersions is the newest change of each subject queued to a user's
 // connections. Routing notes it under the hub's read lock: its own lock.
 type sentVersions struct {
 	mu sync.Mutex
-	m  map[string]uint64
+	m  map[string]held
 }
 
 // catchUpLocked counts a reconcile queued for lu's membership event of
@@ -97,9 +102,9 @@ func (h *hub) toldLocked(lu *localUser, team string) map[string]struct{} {
 	return out
 }
 
-// note records that a change of subject at version was queued to the
-// user's connections. Safe on nil (no catch-up in flight).
-func (f *catchUps) note(subject string, version uint64) {
+// note records that ch was queued to the user's connections. Safe on nil
+// (no catch-up in flight).
+func (f *catchUps) note(ch protocol.Change) {
 	if f == nil {
 		return
 	}
@@ -107,9 +112,11 @@ func (f *catchUps) note(subject string, version uint64) {
 	sv.mu.Lock()
 	defer sv.mu.Unlock()
 	if sv.m == nil {
-		sv.m = make(map[string]uint64)
+		sv.m = make(map[string]held)
 	}
-	sv.m[subject] = max(sv.m[subject], version)
+	if cur, ok := sv.m[ch.UserID]; !ok || ch.Version > cur.version {
+		sv.m[ch.UserID] = held{version: ch.Version, look: lookOf(ch)}
+	}
 }
 
 // holds reports that the user's connections were queued subject at version
@@ -122,6 +129,21 @@ func (f *catchUps) holds(subject string, version uint64) bool {
 	sv := &f.sent
 	sv.mu.Lock()
 	defer sv.mu.Unlock()
-	v, ok := sv.m[subject]
-	return ok && v >= version
+	hd, ok := sv.m[subject]
+	return ok && hd.version >= version
+}
+
+// holdsLook reports that the newest change of subject queued to the user's
+// connections since the catch-up began shows look: a newer version of the
+// same look is routed to nobody, so it is no news to them either. Safe on
+// nil.
+func (f *catchUps) holdsLook(subject string, look presence.Look) bool {
+	if f == nil {
+		return false
+	}
+	sv := &f.sent
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	hd, ok := sv.m[subject]
+	return ok && same(hd.look, look)
 }

@@ -178,3 +178,52 @@ func TestJoinCatchUpSendsTheViewsOnlineOfAMemberTheStoreLost(t *testing.T) {
 		}
 	}
 }
+
+// A joiner routed a member's change while its catch-up waits holds it; a
+// newer change of the same look (a re-assertion after a data loss) is
+// routed to nobody. When the catch-up then reads the member as never seen
+// (the store lost them), the view's state is no news to the joiner: sent,
+// it was a second dnd, which clients take for a second "went busy".
+func TestJoinCatchUpSendsNoSecondCopyOfWhatReachedTheJoinerMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	h, st, sm, local := catchUpHub(t, "shared", [][2]string{{"t3", "u03"}, {"t1", "u15"}, {"t1", "u22"}})
+	mem := st.(*memstore.Store)
+	on := online(t, st, "u15")
+	local("u22") // t1's view holds u15 online through u22
+	w := &wire{c: local("u03")}
+
+	// The store loses u15; u03 joins t1, and its catch-up waits.
+	h.srv.store = lostShared{sharedHooked{hookedMem{mem, sm}}, map[string]bool{"u15": true}}
+	if err := st.AddMember(ctx, "t1", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t1", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t1"}})
+	h.work.mu.Lock()
+	jobs := h.work.jobs // indexing u03 under t1 once watched, then the catch-up
+	h.work.jobs = nil
+	h.work.mu.Unlock()
+	if len(jobs) != 2 {
+		t.Fatalf("%d jobs queued by the join, want 2 (the watch, the catch-up)", len(jobs))
+	}
+	jobs[0](ctx)
+	// Meanwhile u15 goes busy, routed to u03 and flushed; then a
+	// re-assertion writes the same look at a newer version.
+	at := time.Now().Truncate(time.Millisecond)
+	busy := presence.Change{UserID: "u15", State: presence.DND, Version: on + 1, At: at, Since: at}
+	h.OnPresence(store.PresenceEvent{Change: busy, Teams: []string{"t1"}})
+	w.write()
+	if want := fmt.Sprintf("[u15=dnd@%d]", on+1); w.String() != want {
+		t.Fatalf("u03, indexed under t1, was sent %s; want %s", w, want)
+	}
+	again := busy
+	again.Version, again.At = on+2, at.Add(time.Second)
+	h.OnPresence(store.PresenceEvent{Change: again, Teams: []string{"t1"}})
+	w.write()
+
+	jobs[1](ctx)
+	w.write()
+	runJobs(ctx, h, w)
+	if want := fmt.Sprintf("[u15=dnd@%d]", on+1); w.String() != want {
+		t.Fatalf("u03 was sent %s; want only %s: the catch-up's copy is no news", w, want)
+	}
+}

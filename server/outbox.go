@@ -332,11 +332,15 @@ func (c *client) queuedHolds() map[string]held {
 	}
 	out := make(map[string]held, len(c.pending))
 	for s, ch := range c.pending {
-		st, _ := presence.ParseState(ch.State)
-		out[s] = held{version: ch.Version, look: presence.Look{State: st, Text: ch.Text, Emoji: ch.Emoji,
-			ExpiresAt: ch.ExpiresAt, LastSeen: ch.LastSeen}}
+		out[s] = held{version: ch.Version, look: lookOf(ch)}
 	}
 	return out
+}
+
+// lookOf is what ch shows a viewer.
+func lookOf(ch protocol.Change) presence.Look {
+	st, _ := presence.ParseState(ch.State)
+	return presence.Look{State: st, Text: ch.Text, Emoji: ch.Emoji, ExpiresAt: ch.ExpiresAt, LastSeen: ch.LastSeen}
 }
 
 // sendSnapshot writes the snapshot, with the changes queued while it was

@@ -79,7 +79,7 @@ func (h *hub) OnPresence(ev store.PresenceEvent) {
 					continue // holds it already
 				}
 				if c.queue(ch, false, false) {
-					lu.flight.note(ch.UserID, ch.Version)
+					lu.flight.note(ch)
 				}
 				n++
 			}
@@ -241,7 +241,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 	}
 	type notedPush struct {
 		lu *localUser
-		v  uint64
+		ch protocol.Change
 	}
 	var noted []notedPush // noted once each of lu's connections had its turn
 	// skip notes a connection of to not pushed: it holds what team via
@@ -285,7 +285,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			if stale, was := c.unhide(ev.UserID); !given && (stale || (shown.State != presence.Offline && (to == nil || to.to(c)))) {
 				ch, ok := c.pushCatchUp(shown, was, h.srv.cfg.Now())
 				if ok && lu.flight != nil {
-					noted = append(noted, notedPush{lu, ch.Version})
+					noted = append(noted, notedPush{lu, ch})
 				}
 				pushed = ok
 			}
@@ -297,7 +297,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 		}
 	}
 	for _, n := range noted {
-		n.lu.flight.note(ev.UserID, n.v)
+		n.lu.flight.note(n.ch)
 	}
 	if to != nil {
 		h.views.pushed(ev.Team, ev.UserID, placed, kept)
@@ -592,7 +592,10 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 			// the read): the state read is stale, and sending it now
 			// would take the joiner's view back.
 			if cur, ok := h.views.get(ev.Team, p.UserID); ok && cur.version > p.Version {
-				if p.Version != 0 || lu.flight.holds(p.UserID, cur.version) {
+				// A joiner sent the view's look since holds it, though at
+				// an older version when a newer one of the same look (a
+				// re-assertion) was routed to nobody.
+				if p.Version != 0 || lu.flight.holds(p.UserID, cur.version) || lu.flight.holdsLook(p.UserID, cur.look) {
 					continue
 				}
 				// Read as never seen: the store lost the subject with its
@@ -632,7 +635,7 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 	var sent []protocol.Change // noted once every connection had its turn
 	defer func() {
 		for _, ch := range sent {
-			lu.flight.note(ch.UserID, ch.Version)
+			lu.flight.note(ch)
 		}
 	}()
 	if h.beforePush != nil {
