@@ -11,6 +11,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -22,6 +23,23 @@ func init() {
 			MaxOpenFiles = n
 		}
 	}
+}
+
+// localAddrs: one *net.TCPAddr per local address accepted on, shared by
+// its sockets (greendot). A host has few: its addresses times its ports.
+var localAddrs sync.Map // netip.AddrPort → *net.TCPAddr
+
+// sharedLocalAddr is a's shared copy; callers must not modify it.
+func sharedLocalAddr(a *net.TCPAddr) net.Addr {
+	ap := a.AddrPort()
+	if !ap.IsValid() {
+		return a
+	}
+	if v, ok := localAddrs.Load(ap); ok {
+		return v.(*net.TCPAddr)
+	}
+	v, _ := localAddrs.LoadOrStore(ap, net.TCPAddrFromAddrPort(ap))
+	return v.(*net.TCPAddr)
 }
 
 //go:norace
@@ -70,6 +88,16 @@ func dupStdConn(conn net.Conn) (*Conn, error) {
 	switch conn.(type) {
 	case *net.TCPConn:
 		c.typ = ConnTypeTCP
+		// greendot: the addresses by value, the local one shared: each
+		// *net.TCPAddr from accept holds the sockaddr its IP points into.
+		if ta, ok := lAddr.(*net.TCPAddr); ok {
+			c.lAddr = sharedLocalAddr(ta)
+		}
+		if ta, ok := rAddr.(*net.TCPAddr); ok {
+			if ap := ta.AddrPort(); ap.IsValid() {
+				c.rAddr, c.rIP, c.rPort = nil, ap.Addr(), ap.Port()
+			}
+		}
 	case *net.UnixConn:
 		c.typ = ConnTypeUnix
 	case *net.UDPConn:
