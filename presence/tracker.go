@@ -10,7 +10,7 @@ import (
 type connEntry struct {
 	Conn
 	active   bool
-	lastSeen time.Time
+	lastSeen stamp // reported, not a deadline: the wall clock will do
 	deadline time.Time
 }
 
@@ -36,9 +36,6 @@ func (s stamp) time() time.Time {
 type userEntry struct {
 	id    string
 	conns []*connEntry // few per user: a slice beats a map
-	// real is the state the devices make, the grace applied: what viewers
-	// would be told but for the status.
-	real    State
 	version uint64
 	status  Status
 	// What viewers were last told (look), since when its state holds, and
@@ -46,13 +43,20 @@ type userEntry struct {
 	look        Look
 	since       stamp
 	shownSeen   stamp
-	actual      State // real, dnd applied: the truth an API key reads
 	actualSince stamp
-	lastSeen    stamp     // last sign of life of a connection that has ended
-	graceUntil  time.Time // zero unless the user has no connection and is in grace
-	forgetAt    time.Time // when to forget the user; meaningful while forgetIdx >= 0
-	forgetIdx   int       // index in Tracker.forgets; -1 unless offline and due to be forgotten
-	expireIdx   int       // index in Tracker.expires; -1 unless the status has an expiry
+	lastSeen    stamp // last sign of life of a connection that has ended
+	// graceUntil: 0 unless the user has no connection and is in grace. The
+	// grace heap's entry holds the deadline itself, with the monotonic
+	// clock; this names the current one (Advance).
+	graceUntil stamp
+	forgetAt   time.Time // when to forget the user; meaningful while forgetIdx >= 0
+	// real is the state the devices make, the grace applied: what viewers
+	// would be told but for the status. The small fields last, together:
+	// the entry fits a smaller size class, and a node holds one per user.
+	real      State
+	actual    State // real, dnd applied: the truth an API key reads
+	forgetIdx int32 // index in Tracker.forgets; -1 unless offline and due to be forgotten
+	expireIdx int32 // index in Tracker.expires; -1 unless the status has an expiry
 }
 
 // Tracker applies the presence rules. It is not safe for concurrent use.
@@ -86,16 +90,16 @@ func (t *Tracker) Connect(now time.Time, c Conn) (Outcome, error) {
 	if _, ok := t.conns[c.ID]; ok {
 		return Outcome{}, ErrDuplicateConn
 	}
-	ce := &connEntry{Conn: c, active: !c.Idle, lastSeen: now, deadline: now.Add(t.cfg.TTL)}
+	ce := &connEntry{Conn: c, active: !c.Idle, lastSeen: stampOf(now), deadline: now.Add(t.cfg.TTL)}
 	t.conns[c.ID] = ce
 	heap.Push(&t.expiry, deadline{at: ce.deadline, key: c.ID})
 	u := t.user(c.UserID)
 	if u.forgetIdx >= 0 {
-		heap.Remove(&t.forgets, u.forgetIdx) // back before being forgotten
+		heap.Remove(&t.forgets, int(u.forgetIdx)) // back before being forgotten
 	}
 	var out Outcome
-	if !u.graceUntil.IsZero() {
-		u.graceUntil = time.Time{}
+	if u.graceUntil != 0 {
+		u.graceUntil = 0
 		out.GraceCancelled = 1
 	}
 	u.conns = append(u.conns, ce)
@@ -191,10 +195,10 @@ func (t *Tracker) Advance(now time.Time) Outcome {
 		if graceDue && (!statusDue || !t.graces.peek().at.After(t.expires[0].status.ExpiresAt)) {
 			d := heap.Pop(&t.graces).(deadline)
 			u, ok := t.users[d.key]
-			if !ok || u.graceUntil.IsZero() || u.graceUntil.After(now) || len(u.conns) > 0 {
-				continue // cancelled, or re-entered grace later
+			if !ok || u.graceUntil != stampOf(d.at) || len(u.conns) > 0 {
+				continue // cancelled, or re-entered grace since
 			}
-			u.graceUntil = time.Time{}
+			u.graceUntil = 0
 			t.publishIfChanged(now, d.key, u, &out)
 			continue
 		}
@@ -207,7 +211,7 @@ func (t *Tracker) Advance(now time.Time) Outcome {
 	for t.forgets.Len() > 0 && !t.forgets[0].forgetAt.After(now) {
 		u := heap.Pop(&t.forgets).(*userEntry)
 		if u.expireIdx >= 0 {
-			heap.Remove(&t.expires, u.expireIdx)
+			heap.Remove(&t.expires, int(u.expireIdx))
 		}
 		delete(t.users, u.id)
 		t.floor = max(t.floor, u.version)
@@ -275,8 +279,8 @@ func (t *Tracker) Presence(userID string) Presence {
 	p.Status = u.status
 	p.Actual, p.ActualSince = u.actual, u.actualSince.time()
 	for _, ce := range u.conns {
-		if ce.lastSeen.After(p.LastSeen) {
-			p.LastSeen = ce.lastSeen
+		if s := ce.lastSeen.time(); s.After(p.LastSeen) {
+			p.LastSeen = s
 		}
 		p.Devices = appendUnique(p.Devices, ce.Device)
 	}
@@ -350,12 +354,10 @@ func (t *Tracker) detachLocked(now time.Time, ce *connEntry, cause Cause, out *O
 		out.ExpiryLag = append(out.ExpiryLag, max(0, now.Sub(ce.deadline)))
 	}
 	seen := ce.lastSeen
-	if cause == Closed && now.After(seen) {
-		seen = now // the close frame is itself a sign of life
+	if s := stampOf(now); cause == Closed && s > seen {
+		seen = s // the close frame is itself a sign of life
 	}
-	if s := stampOf(seen); s > u.lastSeen {
-		u.lastSeen = s
-	}
+	u.lastSeen = max(u.lastSeen, seen)
 }
 
 // settleLocked decides the state of a user whose connections changed: the
@@ -363,11 +365,12 @@ func (t *Tracker) detachLocked(now time.Time, ce *connEntry, cause Cause, out *O
 func (t *Tracker) settleLocked(now time.Time, userID string, out *Outcome) {
 	u := t.users[userID]
 	if len(u.conns) == 0 {
-		if !u.graceUntil.IsZero() {
+		if u.graceUntil != 0 {
 			return // in grace already
 		}
-		u.graceUntil = now.Add(t.cfg.Grace)
-		heap.Push(&t.graces, deadline{at: u.graceUntil, key: userID})
+		until := now.Add(t.cfg.Grace)
+		u.graceUntil = stampOf(until)
+		heap.Push(&t.graces, deadline{at: until, key: userID})
 		out.GraceStarted++
 		return
 	}
@@ -378,7 +381,7 @@ func (t *Tracker) settleLocked(now time.Time, userID string, out *Outcome) {
 // state makes it differ from what they hold. During grace the real state
 // stands.
 func (t *Tracker) publishIfChanged(now time.Time, userID string, u *userEntry, out *Outcome) {
-	if !u.graceUntil.IsZero() {
+	if u.graceUntil != 0 {
 		return
 	}
 	s := derive(u.conns)
@@ -392,7 +395,7 @@ func (t *Tracker) publishIfChanged(now time.Time, userID string, u *userEntry, o
 		if s == Offline && t.cfg.ForgetAfter > 0 {
 			u.forgetAt = now.Add(t.cfg.ForgetAfter)
 			if u.forgetIdx >= 0 {
-				heap.Fix(&t.forgets, u.forgetIdx)
+				heap.Fix(&t.forgets, int(u.forgetIdx))
 			} else {
 				heap.Push(&t.forgets, u)
 			}
@@ -428,11 +431,11 @@ func (t *Tracker) setStatusLocked(now time.Time, u *userEntry, st Status, out *O
 	// over and over must not grow the queue.
 	switch {
 	case !st.ExpiresAt.IsZero() && u.expireIdx >= 0:
-		heap.Fix(&t.expires, u.expireIdx)
+		heap.Fix(&t.expires, int(u.expireIdx))
 	case !st.ExpiresAt.IsZero():
 		heap.Push(&t.expires, u)
 	case u.expireIdx >= 0:
-		heap.Remove(&t.expires, u.expireIdx)
+		heap.Remove(&t.expires, int(u.expireIdx))
 	}
 	out.Statuses = append(out.Statuses, StatusChange{UserID: u.id, Status: st, Version: u.version})
 	t.showLocked(now, u, true, out)
@@ -506,9 +509,7 @@ func derive(conns []*connEntry) State {
 }
 
 func (ce *connEntry) touch(now time.Time, ttl time.Duration) {
-	if now.After(ce.lastSeen) {
-		ce.lastSeen = now
-	}
+	ce.lastSeen = max(ce.lastSeen, stampOf(now))
 	if d := now.Add(ttl); d.After(ce.deadline) {
 		ce.deadline = d
 	}
@@ -554,11 +555,11 @@ func (q forgetQueue) Len() int           { return len(q) }
 func (q forgetQueue) Less(i, j int) bool { return q[i].forgetAt.Before(q[j].forgetAt) }
 func (q forgetQueue) Swap(i, j int) {
 	q[i], q[j] = q[j], q[i]
-	q[i].forgetIdx, q[j].forgetIdx = i, j
+	q[i].forgetIdx, q[j].forgetIdx = int32(i), int32(j)
 }
 func (q *forgetQueue) Push(x any) {
 	u := x.(*userEntry)
-	u.forgetIdx = len(*q)
+	u.forgetIdx = int32(len(*q))
 	*q = append(*q, u)
 }
 func (q *forgetQueue) Pop() any {
@@ -580,11 +581,11 @@ func (q statusQueue) Less(i, j int) bool {
 }
 func (q statusQueue) Swap(i, j int) {
 	q[i], q[j] = q[j], q[i]
-	q[i].expireIdx, q[j].expireIdx = i, j
+	q[i].expireIdx, q[j].expireIdx = int32(i), int32(j)
 }
 func (q *statusQueue) Push(x any) {
 	u := x.(*userEntry)
-	u.expireIdx = len(*q)
+	u.expireIdx = int32(len(*q))
 	*q = append(*q, u)
 }
 func (q *statusQueue) Pop() any {

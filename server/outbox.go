@@ -60,9 +60,9 @@ type client struct {
 
 	// Only the frame handler touches these; nbio calls it serially.
 	tokens    float64
-	refilled  time.Time
-	limited   int // frames refused in a row by the rate limit
-	badStreak int
+	refilled  int64 // unix nanos: 8 bytes where a time.Time takes 24
+	limited   int32 // frames refused in a row by the rate limit
+	badStreak int32
 
 	// Fields are ordered so that the struct fits a smaller size class: a
 	// node holds one per connection.
@@ -92,7 +92,7 @@ type client struct {
 	// change read in the snapshot may still be in flight on the team
 	// channels, and must not be sent again.
 	recent      map[string]uint64
-	recentUntil time.Time
+	recentUntil int64 // unix nanos
 	expiry      *time.Timer // token expiry; nil without exp
 	// statusVersion is the version of the newest my_status this connection
 	// was given, or before welcome is to be given (earlyStatus); meaningful
@@ -108,11 +108,15 @@ type client struct {
 // tokens: a frame or a WebSocket ping costs 1, a query 1 more per 10 ids.
 func (c *client) allow(now time.Time, cost int) bool {
 	cfg := &c.srv.cfg
-	c.tokens += now.Sub(c.refilled).Seconds() * cfg.RateLimit
+	// Wall-clock nanoseconds: a clock stepped back refills nothing for
+	// one call, then counts from the new time.
+	if d := now.UnixNano() - c.refilled; d > 0 {
+		c.tokens += time.Duration(d).Seconds() * cfg.RateLimit
+	}
 	if c.tokens > float64(cfg.RateBurst) {
 		c.tokens = float64(cfg.RateBurst)
 	}
-	c.refilled = now
+	c.refilled = now.UnixNano()
 	if c.tokens >= float64(cost) {
 		c.tokens -= float64(cost)
 		c.limited = 0
@@ -129,7 +133,7 @@ func (c *client) refuse() {
 	c.limited++
 	c.srv.metrics.framesRejected.WithLabelValues(reasonRateLimited).Inc()
 	switch {
-	case c.limited > 2*cfg.RateBurst:
+	case int(c.limited) > 2*cfg.RateBurst:
 		c.closeWith(protocol.ClosePolicy, "rate limit exceeded")
 	case c.limited == 1:
 		c.writeJSON(protocol.Error{Type: protocol.TypeError, Code: protocol.CodeRateLimited,
@@ -396,7 +400,7 @@ func (c *client) noteRecentLocked(users []presence.Presence, frame protocol.Snap
 		// Resends are then possible (clients drop them); memory is not.
 		c.recent = nil
 	}
-	c.recentUntil = now.Add(recentWindow)
+	c.recentUntil = now.Add(recentWindow).UnixNano()
 }
 
 // dropStaleRecent frees the snapshot's recent entries once their window is
@@ -405,7 +409,7 @@ func (c *client) noteRecentLocked(users []presence.Presence, frame protocol.Snap
 // teammate is recent, each would keep a copy of most of its snapshot.
 func (c *client) dropStaleRecent() {
 	c.mu.Lock()
-	if c.recent != nil && c.srv.cfg.Now().After(c.recentUntil) {
+	if c.recent != nil && c.srv.cfg.Now().UnixNano() > c.recentUntil {
 		c.recent = nil
 	}
 	c.mu.Unlock()
@@ -417,7 +421,7 @@ const maxRecent = 256
 // inSnapshotLocked reports a change the snapshot already gave: not newer
 // than its recent entry for the subject. Past the window, the entries go.
 func (c *client) inSnapshotLocked(ch protocol.Change) bool {
-	if c.srv.cfg.Now().After(c.recentUntil) {
+	if c.srv.cfg.Now().UnixNano() > c.recentUntil {
 		c.recent = nil
 		return false
 	}

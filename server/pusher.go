@@ -126,7 +126,7 @@ func (s *Server) handleApp(w http.ResponseWriter, r *http.Request) {
 	c := &client{srv: s, ws: ws, id: randomID(8), device: pxDevice}
 	c.lastFrame.Store(now.UnixNano())
 	c.tokens = float64(s.cfg.RateBurst)
-	c.refilled = now
+	c.refilled = now.UnixNano()
 	pc := &pxConn{px: s.px, base: c, socketID: pusher.NewSocketID(), evTokens: pxClientEventRate, evRefilled: now}
 	c.px = pc
 	ws.SetSession(c)

@@ -79,7 +79,7 @@ func queryCost(n int) int { return max(1, (n+9)/10) }
 // rate-limited frame like any and continues the run of them (streak, from
 // before its first token): else a flood of big frames, each passing its
 // first token, would never reach the 1008 close.
-func (c *client) chargeIDs(now time.Time, n, streak int) bool {
+func (c *client) chargeIDs(now time.Time, n int, streak int32) bool {
 	extra := queryCost(n) - 1
 	if extra <= 0 {
 		return true

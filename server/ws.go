@@ -162,7 +162,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	}
 	c.lastFrame.Store(now.UnixNano())
 	c.tokens = float64(s.cfg.RateBurst)
-	c.refilled = now
+	c.refilled = now.UnixNano()
 	ws.SetSession(c)
 	if nbc := nbioConn(ws); nbc != nil {
 		s.bindWalker(nbc, c)
