@@ -37,7 +37,9 @@ type userEntry struct {
 	id    string
 	conns []*connEntry // few per user: a slice beats a map
 	version uint64
-	status  Status
+	// status: nil while the status is the zero one, as most users' is: 8
+	// bytes in the entry where a Status takes 64.
+	status *Status
 	// What viewers were last told (look), since when its state holds, and
 	// the last seen told with an offline.
 	look        Look
@@ -276,7 +278,7 @@ func (t *Tracker) Presence(userID string) Presence {
 	p.LastSeen = u.lastSeen.time()
 	p.Since = u.since.time()
 	p.ShownLastSeen = u.shownSeen.time()
-	p.Status = u.status
+	p.Status = u.stat()
 	p.Actual, p.ActualSince = u.actual, u.actualSince.time()
 	for _, ce := range u.conns {
 		if s := ce.lastSeen.time(); s.After(p.LastSeen) {
@@ -308,7 +310,7 @@ func (t *Tracker) Entry(userID string) Presence {
 	}
 	p.State, p.Version = u.look.State, u.version
 	p.Since, p.ShownLastSeen = u.since.time(), u.shownSeen.time()
-	p.Status = u.status
+	p.Status = u.stat()
 	p.Actual, p.ActualSince = u.actual, u.actualSince.time()
 	p.LastSeen = u.lastSeen.time()
 	return p
@@ -323,6 +325,14 @@ func (t *Tracker) Has(connID string) bool {
 // Counts reports live connections and users who are not offline.
 func (t *Tracker) Counts() (conns, present int) {
 	return len(t.conns), t.present
+}
+
+// stat is u's status, the zero one when none is set.
+func (u *userEntry) stat() Status {
+	if u.status == nil {
+		return Status{}
+	}
+	return *u.status
 }
 
 func (t *Tracker) user(id string) *userEntry {
@@ -422,10 +432,13 @@ func (t *Tracker) setStatusLocked(now time.Time, u *userEntry, st Status, out *O
 	if !st.ExpiresAt.IsZero() {
 		st.ExpiresAt = time.UnixMilli(st.ExpiresAt.UnixMilli()) // the wire's precision
 	}
-	if st.Equal(u.status) {
+	if st.Equal(u.stat()) {
 		return
 	}
-	u.status = st
+	u.status = nil
+	if !st.IsZero() {
+		u.status = &st
+	}
 	u.version++
 	// One entry per user, moved in place: a client replacing its status
 	// over and over must not grow the queue.
@@ -445,21 +458,22 @@ func (t *Tracker) setStatusLocked(now time.Time, u *userEntry, st Status, out *O
 // what they hold; bumped: the caller took the new version already.
 func (t *Tracker) showLocked(now time.Time, u *userEntry, bumped bool, out *Outcome) {
 	actual := u.real
-	if actual != Offline && u.status.Mode == ModeDND {
+	st := u.stat()
+	if actual != Offline && st.Mode == ModeDND {
 		actual = DND
 	}
 	if actual != u.actual {
 		u.actual, u.actualSince = actual, stampOf(now)
 	}
 	l := Look{State: actual}
-	if u.status.Mode == ModeInvisible {
+	if st.Mode == ModeInvisible {
 		l.State = Offline
 	} else {
-		l.Text, l.Emoji = u.status.Text, u.status.Emoji
+		l.Text, l.Emoji = st.Text, st.Emoji
 		// An expiry means something next to a text, an emoji or dnd; alone
 		// on an online or offline user it would not.
 		if l.Text != "" || l.Emoji != "" || l.State == DND {
-			l.ExpiresAt = ms(u.status.ExpiresAt)
+			l.ExpiresAt = ms(st.ExpiresAt)
 		}
 	}
 	if l.State != u.look.State {
