@@ -133,6 +133,19 @@ func (f *catchUps) holds(subject string, version uint64) bool {
 	return ok && hd.version >= version
 }
 
+// forget is for subject hidden from some of the user's connections: what
+// was queued to them of subject is dropped with it (client.hide), so what
+// was noted is no longer known to be held. Safe on nil.
+func (f *catchUps) forget(subject string) {
+	if f == nil {
+		return
+	}
+	sv := &f.sent
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	delete(sv.m, subject)
+}
+
 // holdsLook reports that the newest change of subject queued to the user's
 // connections since the catch-up began shows look: a newer version of the
 // same look is routed to nobody, so it is no news to them either. Safe on

@@ -227,3 +227,61 @@ func TestJoinCatchUpSendsNoSecondCopyOfWhatReachedTheJoinerMeanwhile(t *testing.
 		t.Fatalf("u03 was sent %s; want only %s: the catch-up's copy is no news", w, want)
 	}
 }
+
+// A change of a member queued to the joiner while its catch-up waits, and
+// dropped unsent when a leave hid the member, is not held: a later
+// catch-up that reads the member as never seen (the store lost them) must
+// still send the view's state, though a newer version of the same look (a
+// re-assertion) was routed to nobody. Found by review: the catch-up took
+// the dropped change for one the joiner held, and the joiner kept showing
+// the member online.
+func TestJoinCatchUpSendsWhatALeaveDroppedUnsent(t *testing.T) {
+	ctx := context.Background()
+	h, st, sm, local := catchUpHub(t, "shared", [][2]string{{"t9", "x"}, {"t2", "u03"}, {"t2", "u15"}, {"t1", "u15"}, {"t1", "u22"}})
+	mem := st.(*memstore.Store)
+	on := online(t, st, "u15")
+	local("u22")
+	w := &wire{c: local("u03")} // holds u15 online, through t2
+	drain := func() {           // every job queued, nothing written meanwhile
+		for {
+			h.work.mu.Lock()
+			jobs := h.work.jobs
+			h.work.jobs = nil
+			h.work.mu.Unlock()
+			if len(jobs) == 0 {
+				return
+			}
+			for _, j := range jobs {
+				j(ctx)
+			}
+		}
+	}
+	// u03 joins t9: a catch-up in flight.
+	if err := st.AddMember(ctx, "t9", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t9", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t2", "t9"}})
+	// u15 goes busy: queued to u03 through t2, not written yet.
+	at := time.Now().Truncate(time.Millisecond)
+	busy := presence.Change{UserID: "u15", State: presence.DND, Version: on + 1, At: at, Since: at}
+	h.OnPresence(store.PresenceEvent{Change: busy, Teams: []string{"t1", "t2"}})
+	// The store loses u15; u03 leaves t2 (hiding u15, dropping the busy)
+	// and joins t1; a re-assertion writes the busy again.
+	h.srv.store = lostShared{sharedHooked{hookedMem{mem, sm}}, map[string]bool{"u15": true}}
+	if err := st.RemoveMember(ctx, "t2", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u03", UserTeams: store.TeamList{"t9"}})
+	if err := st.AddMember(ctx, "t1", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t1", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t1", "t9"}})
+	again := busy
+	again.Version, again.At = on+2, at.Add(time.Second)
+	h.OnPresence(store.PresenceEvent{Change: again, Teams: []string{"t1", "t2"}})
+	drain()
+	w.write()
+	if want := fmt.Sprintf("[u15=dnd@%d]", on+2); w.String() != want {
+		t.Fatalf("u03, back in a team with u15, was sent %s; want %s", w, want)
+	}
+}

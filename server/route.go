@@ -294,6 +294,7 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 			}
 		} else {
 			c.hide(ev.UserID, hiddenAt)
+			lu.flight.forget(ev.UserID) // what was queued of them went with it
 		}
 	}
 	for _, n := range noted {
@@ -645,6 +646,7 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 		if !ev.Joined {
 			for _, m := range fresh {
 				c.hide(m, held[m])
+				lu.flight.forget(m) // what was queued of them went with it
 			}
 			continue
 		}
