@@ -519,3 +519,20 @@ func TestViewsOfflineAfterOfflineIsNoNews(t *testing.T) {
 		}
 	})
 }
+
+// A resync that finds a member the store lost (offline, version 0) where
+// the view holds their offline keeps the view's version, and its since:
+// a join's catch-up sends the view's state later, and every entry carries
+// since.
+func TestViewsResyncKeepsTheSinceOfWhatTheMembersHold(t *testing.T) {
+	v := newViews()
+	at := time.Now().Truncate(time.Millisecond)
+	v.routeOne("t1", presence.Change{UserID: "u15", State: presence.Offline, Version: 5, At: at, Since: at, LastSeen: at})
+	if out := v.resync("t1", []presence.Presence{{UserID: "u15"}}, func(string) uint64 { return 10 }); len(out) != 0 {
+		t.Fatalf("the resync sent %+v; the members hold u15 offline already", out)
+	}
+	cur, _ := v.get("t1", "u15")
+	if cur.version != 5 || cur.since != at.UnixMilli() {
+		t.Fatalf("view after the resync: version %d, since %d; want 5, %d", cur.version, cur.since, at.UnixMilli())
+	}
+}
