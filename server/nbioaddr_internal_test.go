@@ -11,7 +11,7 @@ import (
 // The patched nbio keeps an accepted socket's remote address by value and
 // shares one local address among the sockets accepted on it
 // (third_party/nbio/PATCHES.md): what RemoteAddr and LocalAddr return must
-// still be each socket's own, as the per-IP caps and the logs read them.
+// still be each socket's own (nbhttp puts RemoteAddr in each request).
 func TestAcceptedSocketsKeepTheirAddresses(t *testing.T) {
 	type addrs struct{ local, remote net.Addr }
 	opened := make(chan addrs, 2)

@@ -12,6 +12,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -25,9 +26,16 @@ func init() {
 	}
 }
 
-// localAddrs: one *net.TCPAddr per local address accepted on, shared by
-// its sockets (greendot). A host has few: its addresses times its ports.
-var localAddrs sync.Map // netip.AddrPort → *net.TCPAddr
+// localAddrs: one *net.TCPAddr per local address, shared by its sockets
+// (greendot). A listener's sockets share few (the host's addresses times
+// the ports listened on); dialed ones each have their own port, so past
+// maxLocalAddrs a socket keeps its own copy.
+var (
+	localAddrs  sync.Map // netip.AddrPort → *net.TCPAddr
+	localShared atomic.Int32
+)
+
+const maxLocalAddrs = 64
 
 // sharedLocalAddr is a's shared copy; callers must not modify it.
 func sharedLocalAddr(a *net.TCPAddr) net.Addr {
@@ -38,7 +46,14 @@ func sharedLocalAddr(a *net.TCPAddr) net.Addr {
 	if v, ok := localAddrs.Load(ap); ok {
 		return v.(*net.TCPAddr)
 	}
-	v, _ := localAddrs.LoadOrStore(ap, net.TCPAddrFromAddrPort(ap))
+	if localShared.Add(1) > maxLocalAddrs {
+		localShared.Add(-1)
+		return a
+	}
+	v, loaded := localAddrs.LoadOrStore(ap, net.TCPAddrFromAddrPort(ap))
+	if loaded {
+		localShared.Add(-1)
+	}
 	return v.(*net.TCPAddr)
 }
 
