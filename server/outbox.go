@@ -377,12 +377,26 @@ const recentWindow = 10 * time.Second
 func (c *client) noteRecentLocked(users []presence.Presence, frame protocol.Snapshot) {
 	now := c.srv.cfg.Now()
 	cutoff := uint64(now.Add(-recentWindow).UnixMicro())
+	// Counted first, so the map is made at its size: in a mass connect
+	// every teammate is recent, and growing it left each connection's
+	// discarded smaller tables to the collector.
+	n := 0
+	for _, u := range frame.Users {
+		if u.Version >= cutoff {
+			n++
+		}
+	}
+	for _, p := range users {
+		if p.State == presence.Offline && p.Version >= cutoff {
+			n++
+		}
+	}
 	add := func(user string, v uint64) {
 		if v < cutoff {
 			return
 		}
 		if c.recent == nil {
-			c.recent = make(map[string]uint64)
+			c.recent = make(map[string]uint64, min(n, maxRecent+1))
 		}
 		c.recent[user] = max(c.recent[user], v)
 	}
@@ -404,15 +418,22 @@ func (c *client) noteRecentLocked(users []presence.Presence, frame protocol.Snap
 }
 
 // dropStaleRecent frees the snapshot's recent entries once their window is
-// over. inSnapshotLocked drops them at the next change, but an idle
+// over, and returns how long until it is when they are kept (0: none
+// kept). inSnapshotLocked drops them at the next change, but an idle
 // connection may get none for hours: after a mass connect, where every
 // teammate is recent, each would keep a copy of most of its snapshot.
-func (c *client) dropStaleRecent() {
+func (c *client) dropStaleRecent() time.Duration {
 	c.mu.Lock()
-	if c.recent != nil && c.srv.cfg.Now().UnixNano() > c.recentUntil {
-		c.recent = nil
+	defer c.mu.Unlock()
+	if c.recent == nil {
+		return 0
 	}
-	c.mu.Unlock()
+	left := time.Duration(c.recentUntil - c.srv.cfg.Now().UnixNano())
+	if left < 0 {
+		c.recent = nil
+		return 0
+	}
+	return left + 1 // past recentUntil, not at it
 }
 
 // maxRecent bounds the snapshot entries a connection keeps (noteRecentLocked).

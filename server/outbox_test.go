@@ -170,12 +170,14 @@ func TestSnapshotShownChangeNotResent(t *testing.T) {
 
 // An idle connection gets no change that would drop its snapshot's recent
 // entries: its liveness check frees them once the window is over (after a
-// mass connect each connection would otherwise keep most of its snapshot).
+// mass connect each connection would otherwise keep most of its snapshot),
+// and comes back for them then, not a ping interval later.
 func TestIdleConnectionForgetsItsSnapshotEntries(t *testing.T) {
 	s := socketlessServer()
 	now := time.Now()
 	s.cfg.Now = func() time.Time { return now }
 	s.cfg.TTL = time.Minute
+	s.cfg.PingInterval = 30 * time.Second
 	c := &client{srv: s}
 	c.closed.Store(true) // the snapshot's write becomes a no-op: no socket here
 	v := uint64(now.Add(-time.Second).UnixMicro())
@@ -184,18 +186,25 @@ func TestIdleConnectionForgetsItsSnapshotEntries(t *testing.T) {
 		t.Fatalf("recent = %v, want bob's entry", c.recent)
 	}
 	c.closed.Store(false)
-	check := func() {
+	check := func() time.Duration {
 		c.lastFrame.Store(now.UnixNano()) // just heard from: no ping, no close
-		if _, live := c.checkSilence(); !live {
+		next, live := c.checkSilence()
+		if !live {
 			t.Fatal("a connection heard from just now was taken for silent")
 		}
+		return next
 	}
-	check()
+	now = now.Add(time.Second)
+	if next := check(); next <= 0 || next > recentWindow-time.Second+time.Millisecond {
+		t.Fatalf("next check in %v, want at the window's end, %v from now", next, recentWindow-time.Second)
+	}
 	if len(c.recent) != 1 {
 		t.Fatalf("within the window the entries went: %v", c.recent)
 	}
-	now = now.Add(recentWindow + time.Second)
-	check()
+	now = now.Add(recentWindow)
+	if next := check(); next != s.cfg.PingInterval {
+		t.Fatalf("next check in %v once the entries went, want the ping interval %v", next, s.cfg.PingInterval)
+	}
 	if c.recent != nil {
 		t.Fatalf("past the window an idle connection keeps %v", c.recent)
 	}

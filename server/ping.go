@@ -164,8 +164,13 @@ func (c *client) checkSilence() (time.Duration, bool) {
 		}
 		return 0, false
 	}
-	c.dropStaleRecent()
 	next := c.untilDue(quiet)
+	if left := c.dropStaleRecent(); left > 0 {
+		// Back when the window ends: in a mass connect each connection
+		// holds its whole snapshot's versions until then, and a check a
+		// ping interval later would hold them twice as long.
+		next = min(next, left)
+	}
 	if d := cfg.PingInterval; d > 0 && quiet >= d {
 		if err := c.send(websocket.PingMessage, nil); err != nil {
 			return 0, false // closed or closing: onClose follows
