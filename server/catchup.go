@@ -133,9 +133,11 @@ func (f *catchUps) holds(subject string, version uint64) bool {
 	return ok && hd.version >= version
 }
 
-// forget is for subject hidden from some of the user's connections: what
-// was queued to them of subject is dropped with it (client.hide), so what
-// was noted is no longer known to be held. Safe on nil.
+// forget is for subject hidden from one of the user's connections with a
+// change of theirs still queued: the hide dropped it unsent (client.hide),
+// so what was noted is no longer known to be held. Only then: with the
+// memory store, which has no views, the note is all that stops a resend of
+// what was written. Safe on nil.
 func (f *catchUps) forget(subject string) {
 	if f == nil {
 		return

@@ -285,3 +285,34 @@ func TestJoinCatchUpSendsWhatALeaveDroppedUnsent(t *testing.T) {
 		t.Fatalf("u03, back in a team with u15, was sent %s; want %s", w, want)
 	}
 }
+
+// The memory store has no views: while a join's catch-up waits, what it
+// noted as sent is all that stops it from sending again a change already
+// written. A hide of the subject with nothing of theirs still queued must
+// leave that note alone. Found by review: every hide dropped it, and u03
+// was sent u15's away twice.
+func TestHideWithNothingQueuedKeepsTheCatchUpsNote(t *testing.T) {
+	ctx := context.Background()
+	h, st, _, local := catchUpHub(t, "memory", [][2]string{{"t1", "u03"}, {"t1", "u15"}, {"t2", "u15"}})
+	online(t, st, "u15")
+	w := &wire{c: local("u03")}
+	if err := st.AddMember(ctx, "t2", "u03"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t2", UserID: "u03", Joined: true, UserTeams: store.TeamList{"t1", "t2"}})
+	if err := st.SetStatus(ctx, "d-u15", false); err != nil {
+		t.Fatal(err)
+	}
+	away := read(t, st, "u15")
+	h.OnPresence(store.PresenceEvent{Change: presence.Change{UserID: "u15", State: away.State, Version: away.Version,
+		At: away.Since, Since: away.Since}, Teams: []string{"t1", "t2"}})
+	w.write() // written before the hide below: u03 holds it
+	if err := st.RemoveMember(ctx, "t1", "u15"); err != nil {
+		t.Fatal(err)
+	}
+	h.OnMembership(store.MembershipEvent{Team: "t1", UserID: "u15", UserTeams: store.TeamList{"t2"}})
+	runJobs(ctx, h, w)
+	if want := fmt.Sprintf("[u15=away@%d]", away.Version); w.String() != want {
+		t.Fatalf("u03 was sent %s; want %s once", w, want)
+	}
+}

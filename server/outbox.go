@@ -224,9 +224,10 @@ const maxHidden = 4096
 // hide is for a subject this connection can no longer see, after a team
 // removal: it drops the subject's pending change, and remembers that the
 // client may hold a state of theirs that nothing will update.
-func (c *client) hide(subject string, held uint64) {
+func (c *client) hide(subject string, held uint64) (dropped bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	_, dropped = c.pending[subject]
 	if !c.hiddenAll {
 		if len(c.hidden) >= maxHidden {
 			c.hidden, c.hiddenAll = nil, true
@@ -239,6 +240,7 @@ func (c *client) hide(subject string, held uint64) {
 	}
 	delete(c.raised, subject)
 	c.dropLocked(subject)
+	return dropped
 }
 
 // unhide is for a subject visible again: it reports whether the client may

@@ -293,8 +293,9 @@ func (h *hub) OnMembership(ev store.MembershipEvent) {
 				skip(c, "") // an offline not pushed: it may hold another state
 			}
 		} else {
-			c.hide(ev.UserID, hiddenAt)
-			lu.flight.forget(ev.UserID) // what was queued of them went with it
+			if c.hide(ev.UserID, hiddenAt) {
+				lu.flight.forget(ev.UserID) // what was queued of them went unsent
+			}
 		}
 	}
 	for _, n := range noted {
@@ -645,8 +646,9 @@ func (h *hub) reconcileSubject(ctx context.Context, ev store.MembershipEvent, su
 	for _, c := range lu.conns {
 		if !ev.Joined {
 			for _, m := range fresh {
-				c.hide(m, held[m])
-				lu.flight.forget(m) // what was queued of them went with it
+				if c.hide(m, held[m]) {
+					lu.flight.forget(m) // what was queued of them went unsent
+				}
 			}
 			continue
 		}
