@@ -609,8 +609,8 @@ func (v *views) resync(team string, truth []presence.Presence, floor func(string
 			} else {
 				send(t, f, reach{all: true})
 			}
-		default: // they hold it already: the view keeps its version, and since
-			t.Version, t.Since = cur.version, msTime(cur.since)
+		default: // they hold it already: the view keeps what they hold
+			t.Version, t.Since, look = cur.version, msTime(cur.since), cur.look
 		}
 		// A change above the floor was written after the store asked for
 		// this resync: its live copy is still to come, through every team

@@ -535,4 +535,14 @@ func TestViewsResyncKeepsTheSinceOfWhatTheMembersHold(t *testing.T) {
 	if cur.version != 5 || cur.since != at.UnixMilli() {
 		t.Fatalf("view after the resync: version %d, since %d; want 5, %d", cur.version, cur.since, at.UnixMilli())
 	}
+	// An older offline (a replica behind) with another last seen: the view
+	// keeps what the members hold, last seen included.
+	before := at.Add(-time.Minute)
+	v.resync("t1", []presence.Presence{{UserID: "u15", State: presence.Offline, Version: 3, Since: before, LastSeen: before, ShownLastSeen: before}},
+		func(string) uint64 { return 10 })
+	cur, _ = v.get("t1", "u15")
+	if cur.version != 5 || cur.since != at.UnixMilli() || cur.look.LastSeen != at.UnixMilli() {
+		t.Fatalf("view after an older read: version %d, since %d, last seen %d; want 5, %d, %d",
+			cur.version, cur.since, cur.look.LastSeen, at.UnixMilli(), at.UnixMilli())
+	}
 }
