@@ -244,3 +244,28 @@ func TestCatchUpVersions(t *testing.T) {
 		t.Fatalf("pending %v, want bob v6", c.pending)
 	}
 }
+
+// A check that pings is not back for the window's end of the snapshot's
+// recent versions: it would ping again before the answer could come.
+// Without a ping, it is back when the window ends.
+func TestNoSecondPingForTheWindowsEnd(t *testing.T) {
+	s := socketlessServer()
+	s.cfg.TTL, s.cfg.PingInterval = 25*time.Second, 10*time.Second
+	c := &client{srv: s}
+	for _, tc := range []struct {
+		quiet, left, next time.Duration
+		ping              bool
+	}{
+		{quiet: 10 * time.Second, left: 2 * time.Second, next: 10 * time.Second, ping: true},
+		{quiet: 12 * time.Second, left: 0, next: 10 * time.Second, ping: true},
+		{quiet: 3 * time.Second, left: 2 * time.Second, next: 2 * time.Second},
+		{quiet: 3 * time.Second, left: 0, next: 7 * time.Second},
+		{quiet: 3 * time.Second, left: 9 * time.Second, next: 7 * time.Second},
+	} {
+		next, ping := c.nextCheck(tc.quiet, tc.left)
+		if next != tc.next || ping != tc.ping {
+			t.Errorf("quiet %v, window ends in %v: next check in %v, ping %v; want %v, %v",
+				tc.quiet, tc.left, next, ping, tc.next, tc.ping)
+		}
+	}
+}

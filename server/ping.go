@@ -164,18 +164,30 @@ func (c *client) checkSilence() (time.Duration, bool) {
 		}
 		return 0, false
 	}
+	next, ping := c.nextCheck(quiet, c.dropStaleRecent())
+	if ping {
+		if err := c.send(websocket.PingMessage, nil); err != nil {
+			return 0, false // closed or closing: onClose follows
+		}
+	}
+	return next, true
+}
+
+// nextCheck is when to check c again, quiet for quiet now, and whether to
+// ping it now; left is how long its snapshot's recent versions are still
+// kept (0: none are).
+func (c *client) nextCheck(quiet, left time.Duration) (time.Duration, bool) {
 	next := c.untilDue(quiet)
-	if left := c.dropStaleRecent(); left > 0 {
+	if d := c.srv.cfg.PingInterval; d > 0 && quiet >= d {
+		// Not back before a ping interval: a check for the window's end
+		// would ping again before the answer could come.
+		return min(next, d), true
+	}
+	if left > 0 {
 		// Back when the window ends: in a mass connect each connection
 		// holds its whole snapshot's versions until then, and a check a
 		// ping interval later would hold them twice as long.
 		next = min(next, left)
 	}
-	if d := cfg.PingInterval; d > 0 && quiet >= d {
-		if err := c.send(websocket.PingMessage, nil); err != nil {
-			return 0, false // closed or closing: onClose follows
-		}
-		next = min(next, d)
-	}
-	return next, true
+	return next, false
 }
