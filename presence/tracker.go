@@ -437,7 +437,8 @@ func (t *Tracker) setStatusLocked(now time.Time, u *userEntry, st Status, out *O
 	}
 	u.status = nil
 	if !st.IsZero() {
-		u.status = &st
+		kept := st // a copy: taking st's address would move it to the heap on every call
+		u.status = &kept
 	}
 	u.version++
 	// One entry per user, moved in place: a client replacing its status
