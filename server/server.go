@@ -376,7 +376,7 @@ func (s *Server) take(c net.Conn) {
 	// nbio takes a socket by duplicating its descriptor, which fails when
 	// none is left: done here, the failure is a clean refusal instead of
 	// nbio's own error line and a reset.
-	nc, err := nbio.NBConn(c)
+	nc, err := nbio.NBConnAccepted(c)
 	if err != nil {
 		s.adm.forget(ip)
 		if !outOfDescriptors(err) {

@@ -529,6 +529,12 @@ func NBConn(conn net.Conn) (*Conn, error) {
 	return c, nil
 }
 
+// NBConnAccepted is NBConn (greendot: the unix build shares accepted
+// sockets' local addresses).
+//
+//go:norace
+func NBConnAccepted(conn net.Conn) (*Conn, error) { return NBConn(conn) }
+
 type udpConn struct {
 	*net.UDPConn
 	rAddr *net.UDPAddr

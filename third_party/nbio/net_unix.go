@@ -26,16 +26,32 @@ func init() {
 	}
 }
 
-// localAddrs: one *net.TCPAddr per local address, shared by its sockets
-// (greendot). A listener's sockets share few (the host's addresses times
-// the ports listened on); dialed ones each have their own port, so past
-// maxLocalAddrs a socket keeps its own copy.
+// localAddrs: one *net.TCPAddr per local address of accepted sockets,
+// shared by them (greendot). A host's listeners have few: its addresses
+// times the ports listened on. Past maxLocalAddrs (a host accepting on a
+// whole routed prefix) a socket keeps its own copy.
 var (
 	localAddrs  sync.Map // netip.AddrPort → *net.TCPAddr
 	localShared atomic.Int32
 )
 
-const maxLocalAddrs = 64
+const maxLocalAddrs = 1024
+
+// NBConnAccepted is NBConn for a socket a listener accepted (greendot): its
+// local address is shared with the others accepted on that address.
+// Callers must not modify it.
+//
+//go:norace
+func NBConnAccepted(conn net.Conn) (*Conn, error) {
+	c, err := NBConn(conn)
+	if err != nil || c.typ != ConnTypeTCP {
+		return c, err
+	}
+	if ta, ok := c.lAddr.(*net.TCPAddr); ok {
+		c.lAddr = sharedLocalAddr(ta)
+	}
+	return c, nil
+}
 
 // sharedLocalAddr is a's shared copy; callers must not modify it.
 func sharedLocalAddr(a *net.TCPAddr) net.Addr {
@@ -103,11 +119,9 @@ func dupStdConn(conn net.Conn) (*Conn, error) {
 	switch conn.(type) {
 	case *net.TCPConn:
 		c.typ = ConnTypeTCP
-		// greendot: the addresses by value, the local one shared: each
-		// *net.TCPAddr from accept holds the sockaddr its IP points into.
-		if ta, ok := lAddr.(*net.TCPAddr); ok {
-			c.lAddr = sharedLocalAddr(ta)
-		}
+		// greendot: the remote address by value (the local one is shared
+		// by NBConnAccepted): each *net.TCPAddr from accept holds the
+		// sockaddr its IP points into.
 		if ta, ok := rAddr.(*net.TCPAddr); ok {
 			if ap := ta.AddrPort(); ap.IsValid() {
 				c.rAddr, c.rIP, c.rPort = nil, ap.Addr(), ap.Port()

@@ -268,7 +268,7 @@ func (p *poller) acceptorLoop() {
 		conn, err := p.listener.Accept()
 		if err == nil {
 			var c *Conn
-			c, err = NBConn(conn)
+			c, err = NBConnAccepted(conn) // greendot: shares the local address
 			if err != nil {
 				_ = conn.Close()
 				continue
