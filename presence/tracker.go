@@ -34,8 +34,8 @@ func (s stamp) time() time.Time {
 }
 
 type userEntry struct {
-	id    string
-	conns []*connEntry // few per user: a slice beats a map
+	id      string
+	conns   []*connEntry // few per user: a slice beats a map
 	version uint64
 	// status: nil while the status is the zero one, as most users' is: 8
 	// bytes in the entry where a Status takes 64.

@@ -92,7 +92,7 @@ type client struct {
 	// change read in the snapshot may still be in flight on the team
 	// channels, and must not be sent again.
 	recent      map[string]uint64
-	recentUntil int64 // unix nanos
+	recentUntil int64       // unix nanos
 	expiry      *time.Timer // token expiry; nil without exp
 	// statusVersion is the version of the newest my_status this connection
 	// was given, or before welcome is to be given (earlyStatus); meaningful
