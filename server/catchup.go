@@ -123,14 +123,21 @@ func (f *catchUps) note(ch protocol.Change) {
 // or newer since the catch-up began: sending version again is a resend, or
 // takes them back. Safe on nil.
 func (f *catchUps) holds(subject string, version uint64) bool {
+	hd, ok := f.newest(subject)
+	return ok && hd.version >= version
+}
+
+// newest is the newest change of subject queued since the catch-up began,
+// if any. Safe on nil.
+func (f *catchUps) newest(subject string) (held, bool) {
 	if f == nil {
-		return false
+		return held{}, false
 	}
 	sv := &f.sent
 	sv.mu.Lock()
 	defer sv.mu.Unlock()
 	hd, ok := sv.m[subject]
-	return ok && hd.version >= version
+	return hd, ok
 }
 
 // forget is for subject hidden from one of the user's connections with a
@@ -153,12 +160,6 @@ func (f *catchUps) forget(subject string) {
 // same look is routed to nobody, so it is no news to them either. Safe on
 // nil.
 func (f *catchUps) holdsLook(subject string, look presence.Look) bool {
-	if f == nil {
-		return false
-	}
-	sv := &f.sent
-	sv.mu.Lock()
-	defer sv.mu.Unlock()
-	hd, ok := sv.m[subject]
+	hd, ok := f.newest(subject)
 	return ok && same(hd.look, look)
 }

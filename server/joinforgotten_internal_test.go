@@ -242,20 +242,6 @@ func TestJoinCatchUpSendsWhatALeaveDroppedUnsent(t *testing.T) {
 	on := online(t, st, "u15")
 	local("u22")
 	w := &wire{c: local("u03")} // holds u15 online, through t2
-	drain := func() {           // every job queued, nothing written meanwhile
-		for {
-			h.work.mu.Lock()
-			jobs := h.work.jobs
-			h.work.jobs = nil
-			h.work.mu.Unlock()
-			if len(jobs) == 0 {
-				return
-			}
-			for _, j := range jobs {
-				j(ctx)
-			}
-		}
-	}
 	// u03 joins t9: a catch-up in flight.
 	if err := st.AddMember(ctx, "t9", "u03"); err != nil {
 		t.Fatal(err)
@@ -279,7 +265,7 @@ func TestJoinCatchUpSendsWhatALeaveDroppedUnsent(t *testing.T) {
 	again := busy
 	again.Version, again.At = on+2, at.Add(time.Second)
 	h.OnPresence(store.PresenceEvent{Change: again, Teams: []string{"t1", "t2"}})
-	drain()
+	runJobs(ctx, h) // every job queued, nothing written meanwhile
 	w.write()
 	if want := fmt.Sprintf("[u15=dnd@%d]", on+2); w.String() != want {
 		t.Fatalf("u03, back in a team with u15, was sent %s; want %s", w, want)
