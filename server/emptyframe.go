@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/binary"
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -104,7 +105,9 @@ func (s *Server) bindWalker(nbc *nbio.Conn, c *client) {
 
 // newWalker's run limit is the frames of one token that a read may hold
 // before the rate limit must close the connection (see above).
-func (s *Server) newWalker() *frameWalker { return &frameWalker{maxRun: 3*s.cfg.RateBurst + 1} }
+func (s *Server) newWalker() *frameWalker {
+	return &frameWalker{maxRun: int32(min(3*s.cfg.RateBurst+1, math.MaxInt32))}
+}
 
 func (s *Server) onFrames(c *nbio.Conn, ws *websocket.Conn, data []byte) {
 	w := s.walkers.loadOrStore(c, s.newWalker) // only this connection's reads touch it, one at a time
@@ -179,11 +182,12 @@ type frameWalker struct {
 	skip   uint64 // payload bytes of the current frame still to come
 	head   []byte // the current header, as far as read
 	bad    string // why the stream broke the protocol; nothing more is walked
-	frag   bool   // the last data frame had no FIN: a message is in fragments
 
-	maxRun int  // frames of one token in one read that end in a 1008; 0: no limit
-	run    int  // such frames so far in this read
-	flood  bool // a read held maxRun of them; nothing more is walked
+	// The small fields together: one walker per connection, 80 bytes.
+	maxRun int32 // frames of one token in one read that end in a 1008; 0: no limit
+	run    int32 // such frames so far in this read
+	frag   bool  // the last data frame had no FIN: a message is in fragments
+	flood  bool  // a read held maxRun of them; nothing more is walked
 }
 
 // walk walks data. It returns how many empty text frames ended in it and,
