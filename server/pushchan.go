@@ -117,7 +117,7 @@ func (p *pxServer) clientEvent(pc *pxConn, in pusher.Incoming, now time.Time) {
 		return
 	}
 	pc.mu.Lock()
-	_, subscribed := pc.subs[in.Channel]
+	subscribed := pc.subs.has(in.Channel)
 	user := pc.user
 	pc.mu.Unlock()
 	if !subscribed {
@@ -129,8 +129,8 @@ func (p *pxServer) clientEvent(pc *pxConn, in pusher.Incoming, now time.Time) {
 		return
 	}
 	// Frame handler only: serial per socket.
-	pc.evTokens = min(pxClientEventRate, pc.evTokens+now.Sub(pc.evRefilled).Seconds()*pxClientEventRate)
-	pc.evRefilled = now
+	pc.evTokens = min(pxClientEventRate, pc.evTokens+time.Duration(now.UnixNano()-pc.evRefilled).Seconds()*pxClientEventRate)
+	pc.evRefilled = now.UnixNano()
 	if pc.evTokens < 1 {
 		pc.write(pusher.ErrorFrame(pusher.CodeClientEventRateLimit, fmt.Sprintf("client event rejected: more than %d per second", pxClientEventRate)))
 		return

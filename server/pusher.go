@@ -77,15 +77,35 @@ type pxConn struct {
 
 	// Only the frame handler (serial per socket) touches these.
 	evTokens   float64
-	evRefilled time.Time
+	evRefilled int64 // Unix ns
 
 	mu        sync.Mutex
 	closed    bool
-	user      string              // "" until identified
-	signedIn  bool                // pusher:signin succeeded
-	subs      map[string]struct{} // subscribed channels
+	signedIn  bool   // pusher:signin succeeded
+	user      string // "" until identified
+	subs      subList
 	watch     map[string]pxWatched
 	watchList []string
+}
+
+// subList is a socket's subscribed channels. A socket holds a few (at most
+// pxMaxChannelsPerSub), and a map of one channel costs ~250 bytes per socket
+// where a slice costs a string header.
+type subList []string
+
+func (l subList) has(ch string) bool { return slices.Contains(l, ch) }
+
+// remove deletes ch and reports whether it was there. Order is not kept.
+func (l *subList) remove(ch string) bool {
+	i := slices.Index(*l, ch)
+	if i < 0 {
+		return false
+	}
+	last := len(*l) - 1
+	(*l)[i] = (*l)[last]
+	(*l)[last] = ""
+	*l = (*l)[:last]
+	return true
 }
 
 type pxWatched struct {
@@ -127,7 +147,7 @@ func (s *Server) handleApp(w http.ResponseWriter, r *http.Request) {
 	c.lastFrame.Store(now.UnixNano())
 	c.tokens = float64(s.cfg.RateBurst)
 	c.refilled = now.UnixNano()
-	pc := &pxConn{px: s.px, base: c, socketID: pusher.NewSocketID(), evTokens: pxClientEventRate, evRefilled: now}
+	pc := &pxConn{px: s.px, base: c, socketID: pusher.NewSocketID(), evTokens: pxClientEventRate, evRefilled: now.UnixNano()}
 	c.px = pc
 	ws.SetSession(c)
 	if nbc := nbioConn(ws); nbc != nil {
@@ -477,16 +497,13 @@ func (p *pxServer) addSub(pc *pxConn, ch string) bool {
 	if pc.closed {
 		return false
 	}
-	if _, ok := pc.subs[ch]; ok {
+	if pc.subs.has(ch) {
 		return true
 	}
 	if len(pc.subs) >= pxMaxChannelsPerSub {
 		return false
 	}
-	if pc.subs == nil {
-		pc.subs = make(map[string]struct{})
-	}
-	pc.subs[ch] = struct{}{}
+	pc.subs = append(pc.subs, ch)
 	set := p.channels[ch]
 	if set == nil {
 		set = make(map[*pxConn]struct{})
@@ -501,8 +518,7 @@ func (p *pxServer) addSub(pc *pxConn, ch string) bool {
 func (p *pxServer) unsubscribe(pc *pxConn, ch string) {
 	p.mu.Lock()
 	pc.mu.Lock()
-	_, ok := pc.subs[ch]
-	delete(pc.subs, ch)
+	ok := pc.subs.remove(ch)
 	pc.mu.Unlock()
 	if !ok {
 		p.mu.Unlock()
@@ -556,15 +572,14 @@ func (p *pxServer) retainTeam(pc *pxConn, ch, team string) (*pxTeam, bool) {
 		pc.mu.Unlock()
 		return nil, false
 	}
-	_, again := pc.subs[ch]
+	again := pc.subs.has(ch)
 	if !again && len(pc.subs) >= pxMaxChannelsPerSub {
 		pc.mu.Unlock()
 		return nil, false
 	}
-	if pc.subs == nil {
-		pc.subs = make(map[string]struct{})
+	if !again {
+		pc.subs = append(pc.subs, ch)
 	}
-	pc.subs[ch] = struct{}{}
 	pc.mu.Unlock()
 	t := p.teams[team]
 	if t == nil {
@@ -600,7 +615,7 @@ func (p *pxServer) onClose(pc *pxConn, why error) {
 	gc := pc.gc.Load()
 	pc.mu.Unlock()
 	var stopped []*pxTeam
-	for ch := range subs {
+	for _, ch := range subs {
 		if t := p.releaseLocked(pc, ch); t != nil {
 			stopped = append(stopped, t)
 		}

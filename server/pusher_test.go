@@ -423,3 +423,53 @@ func TestPusherSocketIsUnauthenticatedUntilSigned(t *testing.T) {
 		return nil
 	})
 }
+
+// A socket's channels: a second subscribe of one is no new channel, the
+// 101st is refused, and one left from the middle makes room for another;
+// REST and events see what the socket holds.
+func TestPusherSocketChannelList(t *testing.T) {
+	ts := startPusher(t, func(c *server.Config) { c.RateBurst = 200 })
+	a := ts.pxDial(t, "a")
+	sub := func(ch string) map[string]any {
+		a.Send(map[string]any{"event": "pusher:subscribe", "data": map[string]string{"channel": ch}})
+		select {
+		case f := <-a.Frames:
+			return f
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no answer to subscribing %s", ch)
+			return nil
+		}
+	}
+	for i := range 100 {
+		if f := sub(fmt.Sprintf("c%d", i)); f["event"] != "pusher_internal:subscription_succeeded" {
+			t.Fatalf("channel %d: %v", i, f)
+		}
+	}
+	if f := sub("c7"); f["event"] != "pusher_internal:subscription_succeeded" {
+		t.Fatalf("a channel held already: %v", f)
+	}
+	if f := sub("c100"); f["event"] != "pusher:subscription_error" || f["channel"] != "c100" {
+		t.Fatalf("the 101st channel: %v", f)
+	}
+	a.Send(map[string]any{"event": "pusher:unsubscribe", "data": map[string]string{"channel": "c7"}})
+	if f := sub("c100"); f["event"] != "pusher_internal:subscription_succeeded" {
+		t.Fatalf("c100 after leaving c7: %v", f)
+	}
+	if f := sub("c101"); f["event"] != "pusher:subscription_error" {
+		t.Fatalf("the 101st channel again: %v", f)
+	}
+	code, out := ts.signedRequest(t, pxSecret, "GET", "/apps/"+pxApp+"/channels", nil, "")
+	if code != 200 || strings.Contains(out, `"c7"`) || !strings.Contains(out, `"c100":{}`) || !strings.Contains(out, `"c99":{}`) {
+		t.Fatalf("channels: %d %s", code, out)
+	}
+	for _, ch := range []string{"c7", "c100"} {
+		body := fmt.Sprintf(`{"name":"e","channel":%q,"data":"{}"}`, ch)
+		if code, out := ts.signedRequest(t, pxSecret, "POST", "/apps/"+pxApp+"/events", nil, body); code != 200 {
+			t.Fatalf("trigger %s: %d %s", ch, code, out)
+		}
+	}
+	if f := a.Next("e"); f["channel"] != "c100" {
+		t.Fatalf("event %v: only c100's reaches the socket", f)
+	}
+	a.Quiet(200 * time.Millisecond)
+}
