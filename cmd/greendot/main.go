@@ -27,6 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/greendot/greendot"
+	"github.com/greendot/greendot/internal/gctune"
 	"github.com/greendot/greendot/internal/logthrottle"
 	"github.com/greendot/greendot/server"
 	"github.com/greendot/greendot/store"
@@ -304,9 +305,20 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	// A node's heap is mostly small, long-lived connection state: collecting
 	// at 50% growth instead of 100% keeps RSS per idle connection under the
-	// 4 KiB target at the same CPU (docs/benchmarks.md). GOGC still wins.
+	// 4 KiB target at the same CPU, and at 10% while the node allocates
+	// little (internal/gctune, docs/operations.md). GOGC still wins.
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(50)
+		debug.SetGCPercent(gctune.Defaults.Busy) // now, not at the tuner's first step
+		tctx, stopTuner := context.WithCancel(ctx)
+		tuned := make(chan struct{})
+		go func() {
+			defer close(tuned)
+			gctune.Run(tctx, gctune.Defaults)
+		}()
+		defer func() {
+			stopTuner()
+			<-tuned
+		}()
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
