@@ -129,7 +129,10 @@ func (p *pxServer) clientEvent(pc *pxConn, in pusher.Incoming, now time.Time) {
 		return
 	}
 	// Frame handler only: serial per socket.
-	pc.evTokens = min(pxClientEventRate, pc.evTokens+time.Duration(now.UnixNano()-pc.evRefilled).Seconds()*pxClientEventRate)
+	// A wall clock stepped back refills nothing rather than taking tokens.
+	if d := now.UnixNano() - pc.evRefilled; d > 0 {
+		pc.evTokens = min(pxClientEventRate, pc.evTokens+time.Duration(d).Seconds()*pxClientEventRate)
+	}
 	pc.evRefilled = now.UnixNano()
 	if pc.evTokens < 1 {
 		pc.write(pusher.ErrorFrame(pusher.CodeClientEventRateLimit, fmt.Sprintf("client event rejected: more than %d per second", pxClientEventRate)))

@@ -458,6 +458,14 @@ func TestPusherSocketChannelList(t *testing.T) {
 	if f := sub("c101"); f["event"] != "pusher:subscription_error" {
 		t.Fatalf("the 101st channel again: %v", f)
 	}
+	// The socket's own list, not only the node's counts: c7 is gone from
+	// it (a full list refuses it), c99 is still in it (a repeat).
+	if f := sub("c7"); f["event"] != "pusher:subscription_error" {
+		t.Fatalf("c7 after leaving it, with the list full again: %v", f)
+	}
+	if f := sub("c99"); f["event"] != "pusher_internal:subscription_succeeded" {
+		t.Fatalf("c99, held all along: %v", f)
+	}
 	code, out := ts.signedRequest(t, pxSecret, "GET", "/apps/"+pxApp+"/channels", nil, "")
 	if code != 200 || strings.Contains(out, `"c7"`) || !strings.Contains(out, `"c100":{}`) || !strings.Contains(out, `"c99":{}`) {
 		t.Fatalf("channels: %d %s", code, out)
@@ -472,4 +480,13 @@ func TestPusherSocketChannelList(t *testing.T) {
 		t.Fatalf("event %v: only c100's reaches the socket", f)
 	}
 	a.Quiet(200 * time.Millisecond)
+	// Closing releases every channel the list holds.
+	a.Close()
+	testwait.For(t, 5*time.Second, func() error {
+		code, out := ts.signedRequest(t, pxSecret, "GET", "/apps/"+pxApp+"/channels", nil, "")
+		if code != 200 || out != `{"channels":{}}`+"\n" {
+			return fmt.Errorf("channels after the close: %d %s", code, out)
+		}
+		return nil
+	})
 }
