@@ -12,8 +12,9 @@ func gogcNow() uint64 {
 	return s[0].Value.Uint64()
 }
 
-// serve runs the collector at 50 (internal/gctune) unless GOGC is set, and
-// leaves an operator's GOGC alone.
+// serve tunes the collector (internal/gctune, from 50) unless GOGC is set,
+// leaves an operator's GOGC alone, and puts back what it found when it
+// returns.
 func TestServeSetsGOGCUnlessTheEnvironmentDoes(t *testing.T) {
 	old := debug.SetGCPercent(80)
 	t.Cleanup(func() { debug.SetGCPercent(old) })
@@ -34,5 +35,8 @@ func TestServeSetsGOGCUnlessTheEnvironmentDoes(t *testing.T) {
 	}
 	if err, _ := stop(); err != nil {
 		t.Fatal(err)
+	}
+	if p := gogcNow(); p != 80 {
+		t.Fatalf("GOGC %d after serve returned, want the 80 it found", p)
 	}
 }

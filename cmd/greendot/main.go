@@ -17,7 +17,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -308,17 +307,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	// 4 KiB target at the same CPU, and at 10% while the node allocates
 	// little (internal/gctune, docs/operations.md). GOGC still wins.
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(gctune.Defaults.Busy) // now, not at the tuner's first step
-		tctx, stopTuner := context.WithCancel(ctx)
-		tuned := make(chan struct{})
-		go func() {
-			defer close(tuned)
-			gctune.Run(tctx, gctune.Defaults)
-		}()
-		defer func() {
-			stopTuner()
-			<-tuned
-		}()
+		stopTuner, err := gctune.Start(gctune.Defaults)
+		if err != nil {
+			return err
+		}
+		defer stopTuner()
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {

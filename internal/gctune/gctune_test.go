@@ -1,10 +1,11 @@
 package gctune
 
 import (
-	"context"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,38 +23,63 @@ type recorder struct {
 	releases int
 }
 
-func (r *recorder) set(p int) int { r.gogc = append(r.gogc, p); return 0 }
+func (r *recorder) set(p int) int { r.gogc = append(r.gogc, p); return 100 }
 func (r *recorder) release()      { r.releases++ }
 func (r *recorder) now() int      { return r.gogc[len(r.gogc)-1] }
 
-var testCfg = Config{Busy: 50, Quiet: 10, QuietRate: 0.05, QuietAfter: 5 * time.Second, Interval: time.Second}
+// testCfg: QuietAfter is 8 samples, apart from exitWindow's 5, so a mix-up
+// of the two shows.
+var testCfg = Config{Busy: 50, Quiet: 10, QuietRate: 0.05, QuietAfter: 8 * time.Second, Interval: time.Second}
 
-// feed steps t with a live heap of 1,000 bytes and each given allocation
-// per interval (the quiet line is then 50 bytes).
-func feed(t *Tuner, allocs *uint64, per ...uint64) {
+// clock feeds a tuner samples a second apart with a live heap of 1,000
+// bytes: the quiet line is then 50 bytes a second.
+type clock struct {
+	tu     *Tuner
+	at     time.Time
+	allocs uint64
+}
+
+func newClock(t *testing.T) (*clock, *recorder) {
+	t.Helper()
+	r := &recorder{}
+	tu, err := New(testCfg, r.set, r.release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &clock{tu: tu, at: time.Unix(1000, 0)}
+	c.tu.Step(Sample{At: c.at, Live: 1000}) // the first sample only sets the base
+	return c, r
+}
+
+// feed steps the tuner once per given allocation, a second apart.
+func (c *clock) feed(per ...uint64) {
 	for _, n := range per {
-		*allocs += n
-		t.Step(Sample{Allocs: *allocs, Live: 1000})
+		c.after(time.Second, n, 1000)
 	}
 }
 
+func (c *clock) after(d time.Duration, allocated, live uint64) {
+	c.at = c.at.Add(d)
+	c.allocs += allocated
+	c.tu.Step(Sample{At: c.at, Allocs: c.allocs, Live: live})
+}
+
+func zeros(n int) []uint64 { return make([]uint64, n) }
+
 func TestQuietOnlyAfterQuietAfter(t *testing.T) {
-	r := &recorder{}
-	tu := New(testCfg, r.set, r.release)
+	c, r := newClock(t)
 	if r.now() != 50 {
 		t.Fatalf("GOGC %d at the start, want Busy", r.now())
 	}
-	var allocs uint64
-	feed(tu, &allocs, 0)             // the first sample only sets the base
-	feed(tu, &allocs, 40, 50, 0, 10) // four quiet seconds: at or below the line
-	if tu.Quiet() || r.now() != 50 || r.releases != 0 {
-		t.Fatalf("quiet after 4 s of 5: GOGC %d, releases %d", r.now(), r.releases)
+	c.feed(40, 50, 0, 10, 20, 0, 30) // seven quiet seconds: at or below the line
+	if c.tu.Quiet() || r.now() != 50 || r.releases != 0 {
+		t.Fatalf("quiet after 7 s of 8: GOGC %d, releases %d", r.now(), r.releases)
 	}
-	feed(tu, &allocs, 20)
-	if !tu.Quiet() || r.now() != 10 || r.releases != 1 {
-		t.Fatalf("after 5 quiet seconds: quiet %v, GOGC %d, releases %d", tu.Quiet(), r.now(), r.releases)
+	c.feed(20)
+	if !c.tu.Quiet() || r.now() != 10 || r.releases != 1 {
+		t.Fatalf("after 8 quiet seconds: quiet %v, GOGC %d, releases %d", c.tu.Quiet(), r.now(), r.releases)
 	}
-	feed(tu, &allocs, 0, 0, 0, 0, 0, 0)
+	c.feed(zeros(20)...)
 	if r.releases != 1 || len(r.gogc) != 2 {
 		t.Fatalf("staying quiet set GOGC %v and released %d times, want once each", r.gogc, r.releases)
 	}
@@ -61,94 +87,149 @@ func TestQuietOnlyAfterQuietAfter(t *testing.T) {
 
 // Entering goes by the average over QuietAfter: a burst (a metrics
 // scrape) among quiet seconds does not hold a node at Busy, a busy spell
-// does.
+// does until it is averaged out.
 func TestQuietGoesByTheAverage(t *testing.T) {
-	r := &recorder{}
-	tu := New(testCfg, r.set, r.release)
-	var allocs uint64
-	feed(tu, &allocs, 0, 10, 10, 180, 10, 10) // mean 44 over the last 5
-	if !tu.Quiet() {
+	c, _ := newClock(t)
+	c.feed(10, 10, 10, 180, 10, 10, 10, 10) // mean 31
+	if !c.tu.Quiet() {
 		t.Fatal("one burst among quiet seconds kept the node busy")
 	}
 
-	r = &recorder{}
-	tu = New(testCfg, r.set, r.release)
-	allocs = 0
-	feed(tu, &allocs, 0, 60, 60, 60, 60, 60, 60, 60) // just over the line
-	if tu.Quiet() {
+	c, _ = newClock(t)
+	c.feed(60, 60, 60, 60, 60, 60, 60, 60, 60) // just over the line
+	if c.tu.Quiet() {
 		t.Fatal("quiet at 60, over the line of 50")
 	}
-	feed(tu, &allocs, 10, 10, 10, 10) // mean (60+40)/5 = 20
-	if !tu.Quiet() {
-		t.Fatal("not quiet once the last 5 s averaged under the line")
+	c.feed(10) // mean (7×60+10)/8 = 54
+	if c.tu.Quiet() {
+		t.Fatal("quiet while the last 8 s averaged 54")
+	}
+	c.feed(10) // (6×60+20)/8 = 47.5
+	if !c.tu.Quiet() {
+		t.Fatal("not quiet once the last 8 s averaged under the line")
 	}
 }
 
-func TestBusyOnAWaveOrASpellNotOnABurst(t *testing.T) {
-	quietTuner := func() (*Tuner, *recorder, *uint64) {
-		r := &recorder{}
-		tu := New(testCfg, r.set, r.release)
-		var allocs uint64
-		feed(tu, &allocs, 0, 0, 0, 0, 0, 0)
-		if !tu.Quiet() {
-			t.Fatal("not quiet")
-		}
-		return tu, r, &allocs
+func quietClock(t *testing.T) (*clock, *recorder) {
+	t.Helper()
+	c, r := newClock(t)
+	c.feed(zeros(8)...)
+	if !c.tu.Quiet() {
+		t.Fatal("not quiet after 8 idle seconds")
 	}
+	return c, r
+}
+
+func TestBusyOnAWaveOrASpellNotOnABurst(t *testing.T) {
 	// A burst of eight lines in one second averages 1.6 lines over the
 	// last five: no reason to leave.
-	tu, r, allocs := quietTuner()
-	feed(tu, allocs, 400, 0, 0)
-	if !tu.Quiet() || r.now() != 10 {
+	c, r := quietClock(t)
+	c.feed(400, 0, 0)
+	if !c.tu.Quiet() || r.now() != 10 {
 		t.Fatalf("left quiet for one burst: GOGC %v", r.gogc)
 	}
 	// More than ten lines in one second: a wave of connects, at once.
-	tu, r, allocs = quietTuner()
-	feed(tu, allocs, 501)
-	if tu.Quiet() || r.now() != 50 {
+	c, r = quietClock(t)
+	c.feed(501)
+	if c.tu.Quiet() || r.now() != 50 {
 		t.Fatalf("still quiet in a wave: GOGC %v", r.gogc)
 	}
 	// A spell over twice the line, once it fills the exit window.
-	tu, r, allocs = quietTuner()
-	feed(tu, allocs, 110, 110, 110, 110)
-	if !tu.Quiet() {
+	c, r = quietClock(t)
+	c.feed(110, 110, 110, 110)
+	if !c.tu.Quiet() {
 		t.Fatal("left quiet before the spell filled 5 s")
 	}
-	feed(tu, allocs, 110)
-	if tu.Quiet() || r.now() != 50 {
+	c.feed(110)
+	if c.tu.Quiet() || r.now() != 50 {
 		t.Fatalf("still quiet after 5 s at twice the line: GOGC %v", r.gogc)
 	}
-	// Quiet again once the average is back under the line (44 after a
-	// third quiet second), and it releases again.
-	feed(tu, allocs, 0, 0)
-	if tu.Quiet() {
-		t.Fatal("quiet again while the last 5 s averaged 66, over the line")
+}
+
+// The quiet seconds before an exit do not count again: a burst costs one
+// exit, not an exit and a forced collection a second later, and so on at
+// every burst. With QuietAfter of 20 s, a wave of 501 among 20 quiet
+// seconds would otherwise average 25, under the line.
+func TestOneBurstCostsOneExit(t *testing.T) {
+	r := &recorder{}
+	cfg := testCfg
+	cfg.QuietAfter = 20 * time.Second
+	tu, err := New(cfg, r.set, r.release)
+	if err != nil {
+		t.Fatal(err)
 	}
-	feed(tu, allocs, 0)
-	if !tu.Quiet() || r.releases != 2 {
-		t.Fatalf("quiet %v, releases %d", tu.Quiet(), r.releases)
+	c := &clock{tu: tu, at: time.Unix(1000, 0)}
+	c.tu.Step(Sample{At: c.at, Live: 1000})
+	c.feed(zeros(20)...)
+	if !c.tu.Quiet() {
+		t.Fatal("not quiet after 20 idle seconds")
+	}
+	c.feed(501)
+	if c.tu.Quiet() {
+		t.Fatal("still quiet in a wave")
+	}
+	c.feed(zeros(19)...)
+	if c.tu.Quiet() || r.releases != 1 {
+		t.Fatalf("quiet again %v after 19 s, releases %d: the seconds before the exit counted", c.tu.Quiet(), r.releases)
+	}
+	c.feed(0)
+	if !c.tu.Quiet() || r.releases != 2 {
+		t.Fatalf("not quiet 20 s after the exit: quiet %v, releases %d", c.tu.Quiet(), r.releases)
+	}
+}
+
+// Rates are per second of the time between samples: a tick that comes
+// late (a busy machine) is not a burst.
+func TestALateTickIsNoBurst(t *testing.T) {
+	c, r := quietClock(t)
+	c.after(12*time.Second, 12*45, 1000) // 540 bytes, 45 a second
+	if !c.tu.Quiet() || r.now() != 10 {
+		t.Fatalf("a late tick read as a wave: GOGC %v", r.gogc)
 	}
 }
 
 // The line follows the live heap: the same allocation is busy for a small
-// heap and quiet for a large one.
+// heap and quiet for a large one. Before the first collection there is no
+// live heap to judge by, and nothing changes.
 func TestTheLineIsAShareOfTheLiveHeap(t *testing.T) {
-	r := &recorder{}
-	tu := New(testCfg, r.set, r.release)
-	var allocs uint64
+	c, _ := newClock(t)
 	for range 10 {
-		allocs += 1000
-		tu.Step(Sample{Allocs: allocs, Live: 10_000}) // 10% a second
+		c.after(time.Second, 1000, 10_000) // 10% a second
 	}
-	if tu.Quiet() {
+	if c.tu.Quiet() {
 		t.Fatal("10% of the live heap a second counted as quiet")
 	}
-	for range 6 {
-		allocs += 1000
-		tu.Step(Sample{Allocs: allocs, Live: 100_000}) // 1% a second
+	for range 8 {
+		c.after(time.Second, 1000, 100_000) // 1% a second
 	}
-	if !tu.Quiet() {
+	if !c.tu.Quiet() {
 		t.Fatal("1% of the live heap a second did not count as quiet")
+	}
+
+	c, r := newClock(t)
+	for range 20 {
+		c.after(time.Second, 0, 0)
+	}
+	if c.tu.Quiet() || len(r.gogc) != 1 {
+		t.Fatalf("without a live heap: quiet %v, GOGC %v", c.tu.Quiet(), r.gogc)
+	}
+}
+
+func TestNewRefusesWhatCannotWork(t *testing.T) {
+	r := &recorder{}
+	if _, err := New(Defaults, r.set, r.release); err != nil {
+		t.Fatalf("Defaults: %v", err)
+	}
+	for _, cfg := range []Config{
+		{},
+		{Busy: 50, Quiet: 10, QuietRate: 0.05, QuietAfter: 20 * time.Second},                        // no interval
+		{Busy: 50, Quiet: 10, QuietRate: 0.05, QuietAfter: 4 * time.Second, Interval: time.Second},  // shorter than the exit window
+		{Busy: 50, Quiet: 50, QuietRate: 0.05, QuietAfter: 20 * time.Second, Interval: time.Second}, // quiet not below busy
+		{Busy: 50, Quiet: 10, QuietRate: 0, QuietAfter: 20 * time.Second, Interval: time.Second},    // no rate
+	} {
+		if _, err := New(cfg, r.set, r.release); err == nil || !strings.HasPrefix(err.Error(), "gctune: ") {
+			t.Errorf("%+v: err %v, want a gctune: error", cfg, err)
+		}
 	}
 }
 
@@ -158,30 +239,26 @@ func gogc() uint64 {
 	return s[0].Value.Uint64()
 }
 
-// Run reads the runtime's own figures and sets its GOGC, and returns when
-// its context ends.
-func TestRunSetsTheRuntimesGOGC(t *testing.T) {
+// Start reads the runtime's own figures and sets its GOGC; stop ends the
+// goroutine (goleak checks) and puts back what was in force.
+func TestStartTunesTheRuntimeAndStopRestores(t *testing.T) {
 	old := debug.SetGCPercent(100)
 	t.Cleanup(func() { debug.SetGCPercent(old) })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
+	runtime.GC() // a live heap to judge by
 	// Any rate below a thousand live heaps a second is quiet: this test
 	// process is, whatever else runs in it.
-	cfg := Config{Busy: 70, Quiet: 15, QuietRate: 1000, QuietAfter: 50 * time.Millisecond, Interval: 10 * time.Millisecond}
-	go func() {
-		defer close(done)
-		Run(ctx, cfg)
-	}()
+	stop, err := Start(Config{Busy: 70, Quiet: 15, QuietRate: 1000, QuietAfter: 50 * time.Millisecond, Interval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	testwait.For(t, 10*time.Second, func() error {
 		if p := gogc(); p != 15 {
 			return fmt.Errorf("GOGC %d, want the quiet 15", p)
 		}
 		return nil
 	})
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return after its context ended")
+	stop()
+	if p := gogc(); p != 100 {
+		t.Fatalf("GOGC %d after stop, want the 100 before Start", p)
 	}
 }
