@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -489,4 +490,29 @@ func TestPusherSocketChannelList(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A wall clock stepped back refills no client-event tokens, and takes none:
+// a second later on the new clock, a second's worth is back.
+func TestPusherClientEventsAfterTheClockStepsBack(t *testing.T) {
+	var offset atomic.Int64
+	ts := startPusher(t, func(c *server.Config) {
+		c.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	})
+	a, b := ts.pxPair(t, "ann", "ben")
+	typing := map[string]any{"event": "client-typing", "channel": "presence-eng", "data": map[string]any{}}
+	for range 10 { // the whole burst
+		a.Send(typing)
+		b.Next("client-typing")
+	}
+	offset.Store(int64(-10 * time.Second))
+	a.Send(typing)
+	f := a.Next("pusher:error")
+	if d, _ := f["data"].(map[string]any); d["code"] != float64(pusher.CodeClientEventRateLimit) {
+		t.Fatalf("the burst spent, then the clock 10 s back: %v, want 4301", f)
+	}
+	offset.Store(int64(-9 * time.Second))
+	a.Send(typing)
+	b.Next("client-typing")
+	a.Quiet(200 * time.Millisecond)
 }
