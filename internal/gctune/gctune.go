@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"runtime/metrics"
+	"sync"
 	"time"
 )
 
@@ -34,7 +35,7 @@ type Config struct {
 
 // Defaults. An idle node allocates ~1-3% of its live heap a second
 // (heartbeats, acks, sweeps); at GOGC 10 it then collects every few
-// seconds, and each collection marks the live heap once: ~35 ms of CPU at
+// seconds, and each collection marks the live heap once: 25-35 ms of CPU at
 // 15,000 connections (docs/benchmarks.md). A node connecting or churning
 // allocates several times its live heap a second and stays at Busy.
 var Defaults = Config{Busy: 50, Quiet: 10, QuietRate: 0.05, QuietAfter: 20 * time.Second, Interval: time.Second}
@@ -46,7 +47,7 @@ type Sample struct {
 	Live   uint64 // bytes live after the last collection; 0 before the first
 }
 
-// Tuner decides, sample by sample; Run feeds it from the runtime.
+// Tuner decides, sample by sample; Start feeds it from the runtime.
 type Tuner struct {
 	cfg     Config
 	setGC   func(int) int
@@ -90,12 +91,14 @@ func (t *Tuner) Quiet() bool { return t.quiet }
 
 // Step takes one sample. Rates are per second of the time between samples,
 // so a late tick (a busy machine, the release itself) is not read as a
-// burst. Quiet starts once the last QuietAfter of samples averaged at or
-// below QuietRate; it ends when the last exitWindow average more than twice
-// it, or the last alone more than ten times (a wave of connects). After it
-// ends, a whole new QuietAfter must pass: the quiet seconds before a burst
-// do not count again, so one burst costs one exit, not an exit and a
-// forced collection a second later.
+// burst. Quiet starts once the last QuietAfter of samples, and the last
+// exitWindow of them, averaged at or below QuietRate; it ends when the last
+// exitWindow average more than twice it (one second of a wave of connects,
+// which allocates several times the live heap, is enough). After it ends, a
+// whole new QuietAfter must pass: the quiet seconds before a burst do not
+// count again, so one burst costs one exit, not an exit and a forced
+// collection a second later. A sample no later than the one before, or
+// taken before the first collection (no live heap), is a new base only.
 func (t *Tuner) Step(s Sample) {
 	prev := t.last
 	t.last = s
@@ -116,14 +119,16 @@ func (t *Tuner) Step(s Sample) {
 	t.recent = append(t.recent, float64(s.Allocs-prev.Allocs)/float64(s.Live)/secs)
 	line := t.cfg.QuietRate
 	if t.quiet {
-		if t.recent[len(t.recent)-1] > 10*line || mean(t.recent, exitWindow) > 2*line {
+		if mean(t.recent, exitWindow) > 2*line {
 			t.quiet = false
 			t.recent = t.recent[:0]
 			t.setGC(t.cfg.Busy)
 		}
 		return
 	}
-	if len(t.recent) == t.window && mean(t.recent, t.window) <= line {
+	// The latest seconds too: a wave that began at the end of a quiet
+	// window would otherwise enter quiet and leave it at the next sample.
+	if len(t.recent) == t.window && mean(t.recent, t.window) <= line && mean(t.recent, exitWindow) <= line {
 		t.quiet = true
 		t.setGC(t.cfg.Quiet)
 		// The lower goal takes effect at the next collection, and the
@@ -156,10 +161,13 @@ func Start(cfg Config) (stop func(), err error) {
 		defer close(done)
 		t.run(ctx)
 	}()
+	var once sync.Once
 	return func() {
-		cancel()
-		<-done
-		debug.SetGCPercent(t.prev)
+		once.Do(func() {
+			cancel()
+			<-done // a Step in flight sets GOGC no more
+			debug.SetGCPercent(t.prev)
+		})
 	}, nil
 }
 

@@ -128,7 +128,13 @@ func TestBusyOnAWaveOrASpellNotOnABurst(t *testing.T) {
 	if !c.tu.Quiet() || r.now() != 10 {
 		t.Fatalf("left quiet for one burst: GOGC %v", r.gogc)
 	}
-	// More than ten lines in one second: a wave of connects, at once.
+	// More than ten lines in one second puts the last five over twice the
+	// line: a wave of connects, at once. Ten exactly does not.
+	c, r = quietClock(t)
+	c.feed(500)
+	if !c.tu.Quiet() {
+		t.Fatal("left quiet at exactly twice the line over the last five")
+	}
 	c, r = quietClock(t)
 	c.feed(501)
 	if c.tu.Quiet() || r.now() != 50 {
@@ -175,6 +181,57 @@ func TestOneBurstCostsOneExit(t *testing.T) {
 	c.feed(0)
 	if !c.tu.Quiet() || r.releases != 2 {
 		t.Fatalf("not quiet 20 s after the exit: quiet %v, releases %d", c.tu.Quiet(), r.releases)
+	}
+}
+
+// At the line counts as quiet.
+func TestAtTheLineIsQuiet(t *testing.T) {
+	c, _ := newClock(t)
+	c.feed(50, 50, 50, 50, 50, 50, 50, 50)
+	if !c.tu.Quiet() {
+		t.Fatal("8 s at exactly the line did not count as quiet")
+	}
+}
+
+// A wave that begins at the end of a quiet window is no reason to enter
+// quiet (and leave it, with a forced collection, at the next sample).
+func TestAWaveAtTheEndOfAQuietWindowIsNoEntry(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		per  []uint64
+	}{
+		{"19 idle seconds, then twenty lines", append(zeros(19), 1000)},                   // 20 s mean: 50
+		{"16 idle seconds, then 4 at three lines", append(zeros(16), 150, 150, 150, 150)}, // 30
+	} {
+		r := &recorder{}
+		cfg := testCfg
+		cfg.QuietAfter = 20 * time.Second
+		tu, err := New(cfg, r.set, r.release)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &clock{tu: tu, at: time.Unix(1000, 0)}
+		c.tu.Step(Sample{At: c.at, Live: 1000})
+		c.feed(tc.per...)
+		if c.tu.Quiet() || r.releases != 0 {
+			t.Errorf("%s: quiet %v, releases %d", tc.name, c.tu.Quiet(), r.releases)
+		}
+	}
+}
+
+// A sample no later than the one before, or without a live heap, gives no
+// rate: it neither ends quiet nor counts toward it.
+func TestASampleWithoutTimeOrLiveHeapJudgesNothing(t *testing.T) {
+	c, r := quietClock(t)
+	c.after(0, 1_000_000, 1000)
+	c.after(-time.Second, 1_000_000, 1000)
+	c.after(time.Second, 1_000_000, 0)
+	if !c.tu.Quiet() || r.now() != 10 {
+		t.Fatalf("left quiet on a sample without a rate: GOGC %v", r.gogc)
+	}
+	c.feed(10)
+	if !c.tu.Quiet() {
+		t.Fatal("left quiet on a quiet second after them")
 	}
 }
 
@@ -260,5 +317,10 @@ func TestStartTunesTheRuntimeAndStopRestores(t *testing.T) {
 	stop()
 	if p := gogc(); p != 100 {
 		t.Fatalf("GOGC %d after stop, want the 100 before Start", p)
+	}
+	debug.SetGCPercent(90)
+	stop() // twice: nothing more
+	if p := gogc(); p != 90 {
+		t.Fatalf("a second stop set GOGC %d", p)
 	}
 }
