@@ -41,8 +41,16 @@ type clock struct {
 
 func newClock(t *testing.T) (*clock, *recorder) {
 	t.Helper()
+	return newClockAfter(t, testCfg.QuietAfter)
+}
+
+// newClockAfter is newClock with another QuietAfter.
+func newClockAfter(t *testing.T, quietAfter time.Duration) (*clock, *recorder) {
+	t.Helper()
 	r := &recorder{}
-	tu, err := New(testCfg, r.set, r.release)
+	cfg := testCfg
+	cfg.QuietAfter = quietAfter
+	tu, err := New(cfg, r.set, r.release)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,15 +165,7 @@ func TestBusyOnAWaveOrASpellNotOnABurst(t *testing.T) {
 // every burst. With QuietAfter of 20 s, a wave of 501 among 20 quiet
 // seconds would otherwise average 25, under the line.
 func TestOneBurstCostsOneExit(t *testing.T) {
-	r := &recorder{}
-	cfg := testCfg
-	cfg.QuietAfter = 20 * time.Second
-	tu, err := New(cfg, r.set, r.release)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &clock{tu: tu, at: time.Unix(1000, 0)}
-	c.tu.Step(Sample{At: c.at, Live: 1000})
+	c, r := newClockAfter(t, 20*time.Second)
 	c.feed(zeros(20)...)
 	if !c.tu.Quiet() {
 		t.Fatal("not quiet after 20 idle seconds")
@@ -203,15 +203,7 @@ func TestAWaveAtTheEndOfAQuietWindowIsNoEntry(t *testing.T) {
 		{"19 idle seconds, then twenty lines", append(zeros(19), 1000)},                   // 20 s mean: 50
 		{"16 idle seconds, then 4 at three lines", append(zeros(16), 150, 150, 150, 150)}, // 30
 	} {
-		r := &recorder{}
-		cfg := testCfg
-		cfg.QuietAfter = 20 * time.Second
-		tu, err := New(cfg, r.set, r.release)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := &clock{tu: tu, at: time.Unix(1000, 0)}
-		c.tu.Step(Sample{At: c.at, Live: 1000})
+		c, r := newClockAfter(t, 20*time.Second)
 		c.feed(tc.per...)
 		if c.tu.Quiet() || r.releases != 0 {
 			t.Errorf("%s: quiet %v, releases %d", tc.name, c.tu.Quiet(), r.releases)
