@@ -17,10 +17,11 @@ import (
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
-// scripts are the atomic transitions, each prefixed with the shared prelude,
-// and the two halves of a membership change. Each names in KEYS every key
-// known before the call (shardKeys, userKeys); sweep, reconcile and forget
-// also reach the keys of users they find in the shard (prelude.lua).
+// scripts are the atomic transitions, each prefixed with the shared prelude
+// but heartbeat (the hottest, which needs none of it), and the two halves
+// of a membership change. Each names in KEYS every key known before the
+// call (shardKeys, userKeys); sweep, reconcile and forget also reach the
+// keys of users they find in the shard (prelude.lua).
 type scripts struct {
 	connect, heartbeat, status, disconnect, sweep, beat, presence, reconcile *redis.Script
 	memberUser, memberTeam, memberRead                                       *redis.Script
@@ -43,7 +44,8 @@ func loadScripts(whMax int) scripts {
 	s := func(name string) *redis.Script { return redis.NewScript(prelude + "\n" + mustRead(name)) }
 	return scripts{
 		forget:  s("forget"),
-		connect: s("connect"), heartbeat: s("heartbeat"), status: s("status"),
+		connect: s("connect"), status: s("status"),
+		heartbeat:  redis.NewScript(mustRead("heartbeat")),
 		disconnect: s("disconnect"), sweep: s("sweep"), beat: s("beat"),
 		presence: s("presence"), reconcile: s("reconcile"), floor: s("floor"),
 		userStatus: s("user_status"),
