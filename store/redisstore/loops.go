@@ -48,15 +48,20 @@ type heard struct {
 // flushHeartbeats writes one script call per shard with pending heartbeats,
 // in one pipeline, and re-asserts connections Redis no longer knows.
 func (s *Store) flushHeartbeats(ctx context.Context) {
-	pending := make(map[int][]string)
+	var pending [numShards][]string
+	heardAny := false
 	for _, h := range s.beats.take() {
 		pending[h.shard] = append(pending[h.shard], h.id)
+		heardAny = true
 	}
-	if len(pending) == 0 {
+	if !heardAny {
 		return
 	}
-	calls := make([]call, 0, len(pending))
+	calls := make([]call, 0, numShards)
 	for sh, ids := range pending {
+		if len(ids) == 0 {
+			continue
+		}
 		ids = dedupe(ids)
 		args := make([]any, 0, len(ids)+1)
 		args = append(args, s.ttlMS())

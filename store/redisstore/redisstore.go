@@ -93,6 +93,7 @@ type Config struct {
 type localConn struct {
 	user, device, node string
 	active             bool
+	shard              uint8 // shardOf(user), kept: every heartbeat needs it
 	// statusSeq counts SetStatus calls: Redis keeps the active flag of the
 	// highest one it saw, so a re-assertion that read active before a
 	// status change and reached Redis after it cannot undo it.
@@ -492,7 +493,7 @@ func (s *Store) connected(ctx context.Context, c presence.Conn, lc localConn, kn
 	s.mu.Lock()
 	_, live := s.conns[c.ID]
 	if !known {
-		s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, node: c.Node, active: lc.active}
+		s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, node: c.Node, active: lc.active, shard: uint8(shardOf(c.UserID))}
 	}
 	// A re-asserted connection keeps its entry: a status change may have
 	// updated it since lc was read.
@@ -540,7 +541,7 @@ func (s *Store) Heartbeat(_ context.Context, connID string) error {
 	if !ok {
 		return ErrUnknownConn
 	}
-	s.beats.add(math.MaxInt, heard{shardOf(lc.user), connID})
+	s.beats.add(math.MaxInt, heard{int(lc.shard), connID})
 	return nil
 }
 
