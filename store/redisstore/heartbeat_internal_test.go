@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,15 +13,17 @@ import (
 )
 
 // The heartbeat script moves known connections' deadlines in chunks of one
-// ZADD and reports exactly the ids Redis does not know: those in both
-// chunks of a batch past the chunk size, none for an id named twice (its
-// second ZADD changes nothing), and it adds none of them.
+// ZADD and reports exactly the ids Redis does not know: those in every
+// chunk of a batch past unpack's bound (~8,000 values, so a script without
+// chunks fails), none for an id named twice (its second ZADD changes
+// nothing), and it adds none of them. A batch whose every deadline moves
+// answers without ZMSCORE.
 func TestHeartbeatScriptReportsOnlyUnknownIDs(t *testing.T) {
 	ctx := context.Background()
 	r := redistest.Start(t)
 	s, _ := mk(t, r.URL(), "a", 10*time.Second, 300*time.Millisecond)
 	dl := shardKeys(0)[0]
-	const known = 2100 // three chunks of the script's 1,000
+	const known = 4200 // five chunks of the script's 1,000; 8,400 values to unpack at once
 	zadd := []string{"ZADD", dl}
 	for i := range known {
 		zadd = append(zadd, "1", "k"+strconv.Itoa(i))
@@ -43,6 +46,7 @@ func TestHeartbeatScriptReportsOnlyUnknownIDs(t *testing.T) {
 
 	before := time.Now().UnixMilli()
 	v, err := run(ctx, s.rdb, s.sc.heartbeat, shardKeys(0)[:1], args...)
+	after := time.Now().UnixMilli()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,27 +59,37 @@ func TestHeartbeatScriptReportsOnlyUnknownIDs(t *testing.T) {
 	if got := zcard(t, r, dl); got != known {
 		t.Fatalf("the deadlines hold %d ids after the batch, want the %d known", got, known)
 	}
-	// Every known deadline moved to a ttl from the script's clock.
-	low, err := r.DoList("ZRANGE", dl, "0", "0", "WITHSCORES")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if at, _ := strconv.ParseInt(low[1], 10, 64); at < before+s.ttlMS()-1000 {
-		t.Fatalf("the earliest deadline after the batch is %d, want about %d", at, before+s.ttlMS())
+	// Every known deadline moved to one ttl past the script's clock (the
+	// same machine's: within the call's time, a millisecond either side).
+	for _, end := range []string{"0", "-1"} {
+		got, err := r.DoList("ZRANGE", dl, end, end, "WITHSCORES")
+		if err != nil {
+			t.Fatal(err)
+		}
+		at, _ := strconv.ParseInt(got[1], 10, 64)
+		if at < before+s.ttlMS()-1 || at > after+s.ttlMS()+1 {
+			t.Fatalf("deadline %s after the batch is %d, want %d-%d", got[0], at, before+s.ttlMS(), after+s.ttlMS())
+		}
 	}
 
 	// All known, no id twice: the ZADDs count every one changed, and the
 	// script answers without ZMSCORE.
-	some := []any{s.ttlMS()}
+	// A ttl longer than the batch's before moves every deadline even in
+	// the same millisecond.
+	some := []any{s.ttlMS() + 1000}
 	for i := range 10 {
 		some = append(some, "k"+strconv.Itoa(i))
 	}
+	checks := zmscoreCalls(t, r)
 	v, err = run(ctx, s.rdb, s.sc.heartbeat, shardKeys(0)[:1], some...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if m := asStrings(v); len(m) != 0 {
 		t.Fatalf("a batch of known ids reported %v unknown", m)
+	}
+	if n := zmscoreCalls(t, r) - checks; n != 0 {
+		t.Fatalf("a batch whose every deadline moved ran ZMSCORE %d times", n)
 	}
 	if got := zcard(t, r, dl); got != known {
 		t.Fatalf("the deadlines hold %d ids, want %d", got, known)
@@ -91,6 +105,24 @@ func zcard(t *testing.T, r *redistest.Server, key string) int {
 	n, err := strconv.Atoi(v)
 	if err != nil {
 		t.Fatal(fmt.Errorf("ZCARD %s: %q", key, v))
+	}
+	return n
+}
+
+// zmscoreCalls is how many ZMSCOREs Redis has run, scripts' included.
+func zmscoreCalls(t *testing.T, r *redistest.Server) int {
+	t.Helper()
+	info, err := r.Do("INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(info, "cmdstat_zmscore:calls=")
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+	if err != nil {
+		t.Fatal(err)
 	}
 	return n
 }

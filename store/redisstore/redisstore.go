@@ -35,6 +35,9 @@ import (
 // same on every node of a deployment.
 const numShards = 32
 
+// A shard fits localConn's uint8: the build fails if numShards outgrows it.
+const _ = uint8(numShards - 1)
+
 // Errors, as store's sentinels.
 var (
 	ErrUnknownConn   = store.ErrUnknownConn
