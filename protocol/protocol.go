@@ -336,11 +336,8 @@ func badRequest(format string, args ...any) *DecodeError {
 // refusal is a *DecodeError with a message safe to send back to the client.
 func DecodeClientFrame(data []byte) (ClientFrame, error) {
 	// The frame nearly every client sends every few seconds: no parsing.
-	if bytes.Equal(data, plainHeartbeat) {
-		return ClientFrame{Heartbeat: &Heartbeat{Type: TypeHeartbeat}}, nil
-	}
-	if id, ok := heartbeatWithSimpleID(data); ok {
-		return ClientFrame{Heartbeat: &Heartbeat{Type: TypeHeartbeat, ID: id}}, nil
+	if id, ok := SimpleHeartbeat(data); ok {
+		return ClientFrame{Heartbeat: &Heartbeat{Type: TypeHeartbeat, ID: bytes.Clone(id)}}, nil
 	}
 	// One pass decodes the fields of every frame type.
 	var raw struct {
@@ -519,10 +516,20 @@ var (
 	heartbeatIDHead = []byte(`{"type":"heartbeat","id":`)
 )
 
-// heartbeatWithSimpleID recognises {"type":"heartbeat","id":ID} where ID is
-// a plain integer or a string of letters, digits, '-' and '_': what clients
-// send. Anything else takes the general path.
-func heartbeatWithSimpleID(data []byte) (json.RawMessage, bool) {
+// SimpleHeartbeat recognises the heartbeats clients send, without
+// allocating: {"type":"heartbeat"} (id nil) and {"type":"heartbeat","id":ID}
+// where ID is a plain integer or a string of letters, digits, '-' and '_'
+// (id is ID, in data). Any other frame, a heartbeat spelled otherwise among
+// them, is for DecodeClientFrame's general path.
+func SimpleHeartbeat(data []byte) (id []byte, ok bool) {
+	if bytes.Equal(data, plainHeartbeat) {
+		return nil, true
+	}
+	return heartbeatWithSimpleID(data)
+}
+
+// heartbeatWithSimpleID is SimpleHeartbeat for a heartbeat with an id.
+func heartbeatWithSimpleID(data []byte) ([]byte, bool) {
 	if !bytes.HasPrefix(data, heartbeatIDHead) || len(data) < len(heartbeatIDHead)+2 || data[len(data)-1] != '}' {
 		return nil, false
 	}
@@ -552,7 +559,7 @@ func heartbeatWithSimpleID(data []byte) (json.RawMessage, bool) {
 	if digits := bytes.TrimPrefix(body, []byte("-")); !quoted && len(digits) > 1 && digits[0] == '0' {
 		return nil, false
 	}
-	return json.RawMessage(bytes.Clone(id)), true
+	return id, true
 }
 
 // checkID accepts a missing id, a string or a number: anything else could be

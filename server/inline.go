@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"time"
 	"unicode/utf8"
@@ -35,7 +36,7 @@ func (s *Server) heartbeatOnPoller(nbc *nbio.Conn, ws *websocket.Conn, cl *clien
 	if ws.Execute == nil || cl.px != nil || cl.closed.Load() || !cl.registered.Load() {
 		return false
 	}
-	hb, ok := heartbeatFrame(data, s.cfg.MaxMessageSize)
+	id, ok := heartbeatFrame(data, s.cfg.MaxMessageSize)
 	if !ok || nbc.ExecuteLen() != 0 {
 		return false
 	}
@@ -45,7 +46,7 @@ func (s *Server) heartbeatOnPoller(nbc *nbio.Conn, ws *websocket.Conn, cl *clien
 		return true
 	}
 	cl.badStreak = 0
-	s.answerHeartbeat(cl, hb)
+	s.answerHeartbeat(cl, id)
 	return true
 }
 
@@ -71,14 +72,15 @@ func (s *Server) heardOnPoller(ws *websocket.Conn, sock, conn *client, now time.
 	}
 }
 
-// answerHeartbeat counts an accepted heartbeat and acks it when it has an id.
-func (s *Server) answerHeartbeat(c *client, hb *protocol.Heartbeat) {
+// answerHeartbeat counts an accepted heartbeat and acks it when it has an
+// id (the heartbeat's, as the client spelled it).
+func (s *Server) answerHeartbeat(c *client, id json.RawMessage) {
 	s.metrics.heartbeatFrames.Inc()
 	s.metrics.heartbeats.Inc()
-	if len(hb.ID) == 0 || string(hb.ID) == "null" {
+	if len(id) == 0 || string(id) == "null" {
 		return
 	}
-	if b := ackFrame(hb.ID); b != nil {
+	if b := ackFrame(id); b != nil {
 		c.mu.Lock()
 		if c.px == nil {
 			c.writeLocked(b)
@@ -86,7 +88,7 @@ func (s *Server) answerHeartbeat(c *client, hb *protocol.Heartbeat) {
 		c.mu.Unlock()
 		return
 	}
-	c.writeJSON(protocol.HeartbeatAck{Type: protocol.TypeHeartbeatAck, ID: hb.ID})
+	c.writeJSON(protocol.HeartbeatAck{Type: protocol.TypeHeartbeatAck, ID: id})
 }
 
 // ackFrame is the heartbeat_ack of id as json.Marshal encodes it, built
@@ -110,19 +112,24 @@ func ackFrame(id []byte) []byte {
 	return append(b, tail...)
 }
 
-// heartbeatFrame decodes data when it is exactly one whole client frame
-// holding a heartbeat (see smallTextFrame).
-func heartbeatFrame(data []byte, max int) (*protocol.Heartbeat, bool) {
+// heartbeatFrame returns the id of the heartbeat data holds when data is
+// exactly one whole client frame holding a heartbeat (see smallTextFrame);
+// nil when it has none. The heartbeats clients send are read in place, so
+// that buf stays on the stack: a plain one allocates nothing.
+func heartbeatFrame(data []byte, max int) (json.RawMessage, bool) {
 	var buf [125]byte
 	p, ok := smallTextFrame(data, max, &buf)
 	if !ok {
 		return nil, false
 	}
-	f, err := protocol.DecodeClientFrame(p)
+	if id, ok := protocol.SimpleHeartbeat(p); ok {
+		return bytes.Clone(id), true
+	}
+	f, err := protocol.DecodeClientFrame(bytes.Clone(p)) // a copy: buf stays on the stack
 	if err != nil || f.Heartbeat == nil {
 		return nil, false
 	}
-	return f.Heartbeat, true
+	return f.Heartbeat.ID, true
 }
 
 // smallTextFrame unmasks into buf the payload of data when data is exactly

@@ -46,8 +46,8 @@ func TestHeartbeatFrame(t *testing.T) {
 		if ok != tc.ok {
 			t.Errorf("%s: ok %v, want %v", tc.name, ok, tc.ok)
 		}
-		if ok && tc.name == "heartbeat" && string(h.ID) != "12" {
-			t.Errorf("%s: id %s, want 12", tc.name, h.ID)
+		if ok && tc.name == "heartbeat" && string(h) != "12" {
+			t.Errorf("%s: id %s, want 12", tc.name, h)
 		}
 	}
 }
@@ -121,12 +121,19 @@ func BenchmarkAckFrame(b *testing.B) {
 
 // BenchmarkHeartbeatFrame is the poller's decode of a heartbeat read.
 func BenchmarkHeartbeatFrame(b *testing.B) {
-	data := maskedFrame(0x81, `{"type":"heartbeat","id":12}`)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, ok := heartbeatFrame(data, 4096); !ok {
-			b.Fatal("not a heartbeat")
-		}
+	for _, tc := range []struct{ name, frame string }{
+		{"id", `{"type":"heartbeat","id":12}`},
+		{"plain", `{"type":"heartbeat"}`},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			data := maskedFrame(0x81, tc.frame)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, ok := heartbeatFrame(data, 4096); !ok {
+					b.Fatal("not a heartbeat")
+				}
+			}
+		})
 	}
 }
 

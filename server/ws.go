@@ -500,7 +500,7 @@ func (s *Server) onMessage(ws *websocket.Conn, mt websocket.MessageType, data []
 	c.badStreak = 0
 	switch {
 	case f.Heartbeat != nil:
-		s.answerHeartbeat(c, f.Heartbeat)
+		s.answerHeartbeat(c, f.Heartbeat.ID)
 	case f.Status != nil:
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
