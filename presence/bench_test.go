@@ -116,3 +116,32 @@ func BenchmarkExpire(b *testing.B) {
 		b.Fatalf("expired %d of %d", len(out.Expired), b.N)
 	}
 }
+
+// An idle crowd's ttl, one op a round of 1,000 connections: each is heard
+// from, then Advance finds its old deadline due and pushes it again (the
+// lazy refresh every idle connection costs once per ttl).
+func BenchmarkAdvanceRefresh(b *testing.B) {
+	const n, ttl = 1000, 10 * time.Second
+	tr := presence.NewTracker(presence.Config{TTL: ttl})
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = "c" + strconv.Itoa(i)
+		if _, err := tr.Connect(start, presence.Conn{ID: ids[i], UserID: "u" + strconv.Itoa(i), Device: "web"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	round := 0
+	for b.Loop() {
+		round++
+		due := start.Add(time.Duration(round) * ttl)
+		for _, id := range ids {
+			if err := tr.Heartbeat(due.Add(-time.Second), id); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if out := tr.Advance(due); len(out.Expired) != 0 {
+			b.Fatalf("round %d expired %d connections heard from", round, len(out.Expired))
+		}
+	}
+}

@@ -94,7 +94,7 @@ func (t *Tracker) Connect(now time.Time, c Conn) (Outcome, error) {
 	}
 	ce := &connEntry{Conn: c, active: !c.Idle, lastSeen: stampOf(now), deadline: now.Add(t.cfg.TTL)}
 	t.conns[c.ID] = ce
-	heap.Push(&t.expiry, deadline{at: ce.deadline, key: c.ID})
+	t.expiry.push(deadline{at: ce.deadline, key: c.ID})
 	u := t.user(c.UserID)
 	if u.forgetIdx >= 0 {
 		heap.Remove(&t.forgets, int(u.forgetIdx)) // back before being forgotten
@@ -149,14 +149,14 @@ func (t *Tracker) Disconnect(now time.Time, connID string, cause Cause) (Outcome
 // DisconnectNode ends every connection held by node, as when it died.
 func (t *Tracker) DisconnectNode(now time.Time, node string) Outcome {
 	var out Outcome
-	var users []string
+	var users userList
 	for _, ce := range t.conns {
 		if ce.Node == node {
 			t.detachLocked(now, ce, Lost, &out)
-			users = appendUnique(users, ce.UserID)
+			users.add(ce.UserID)
 		}
 	}
-	for _, u := range users {
+	for _, u := range users.order {
 		t.settleLocked(now, u, &out)
 	}
 	return out
@@ -167,21 +167,21 @@ func (t *Tracker) DisconnectNode(now time.Time, node string) Outcome {
 // forgotten entry costs O(log n); nothing scans.
 func (t *Tracker) Advance(now time.Time) Outcome {
 	var out Outcome
-	var expired []string // users whose connections expired, settled once
+	var expired userList // users whose connections expired, settled once
 	for t.expiry.Len() > 0 && !t.expiry.peek().at.After(now) {
-		d := heap.Pop(&t.expiry).(deadline)
+		d := t.expiry.pop()
 		ce, ok := t.conns[d.key]
 		if !ok {
 			continue // ended already
 		}
 		if ce.deadline.After(now) {
-			heap.Push(&t.expiry, deadline{at: ce.deadline, key: d.key}) // heard from since
+			t.expiry.push(deadline{at: ce.deadline, key: d.key}) // heard from since
 			continue
 		}
 		t.detachLocked(now, ce, Expired, &out)
-		expired = appendUnique(expired, ce.UserID)
+		expired.add(ce.UserID)
 	}
-	for _, u := range expired {
+	for _, u := range expired.order {
 		t.settleLocked(now, u, &out)
 	}
 	// Grace ends and status expiries in the order they fell due (a grace
@@ -195,7 +195,7 @@ func (t *Tracker) Advance(now time.Time) Outcome {
 			break
 		}
 		if graceDue && (!statusDue || !t.graces.peek().at.After(t.expires[0].status.ExpiresAt)) {
-			d := heap.Pop(&t.graces).(deadline)
+			d := t.graces.pop()
 			u, ok := t.users[d.key]
 			if !ok || u.graceUntil != stampOf(d.at) || len(u.conns) > 0 {
 				continue // cancelled, or re-entered grace since
@@ -380,7 +380,7 @@ func (t *Tracker) settleLocked(now time.Time, userID string, out *Outcome) {
 		}
 		until := now.Add(t.cfg.Grace)
 		u.graceUntil = stampOf(until)
-		heap.Push(&t.graces, deadline{at: until, key: userID})
+		t.graces.push(deadline{at: until, key: userID})
 		out.GraceStarted++
 		return
 	}
@@ -530,6 +530,35 @@ func (ce *connEntry) touch(now time.Time, ttl time.Duration) {
 	}
 }
 
+// userList collects user ids once each, in the order first added. A dead
+// node's or a late Advance's thousands of connections must not each scan
+// the list (that was quadratic: 20,000 expiring at once cost 21 µs each), so
+// past a few it keeps a set beside it.
+type userList struct {
+	order []string
+	seen  map[string]struct{}
+}
+
+func (l *userList) add(user string) {
+	if l.seen == nil {
+		if slices.Contains(l.order, user) {
+			return
+		}
+		l.order = append(l.order, user)
+		if len(l.order) > 16 {
+			l.seen = make(map[string]struct{}, 2*len(l.order))
+			for _, u := range l.order {
+				l.seen[u] = struct{}{}
+			}
+		}
+		return
+	}
+	if _, ok := l.seen[user]; !ok {
+		l.seen[user] = struct{}{}
+		l.order = append(l.order, user)
+	}
+}
+
 func appendUnique(s []string, v string) []string {
 	for _, x := range s {
 		if x == v {
@@ -544,20 +573,53 @@ type deadline struct {
 	key string
 }
 
-// deadlines is a min-heap of deadlines for container/heap.
+// deadlines is a min-heap of deadlines by time, with its own push and pop:
+// container/heap's take and return an interface, which boxes each 40-byte
+// deadline, two allocations for every idle connection's refresh (its entry
+// popped and pushed again once per ttl), most of an idle node's garbage.
+// The order is container/heap's, tie for tie.
 type deadlines []deadline
 
-func (d deadlines) Len() int           { return len(d) }
-func (d deadlines) Less(i, j int) bool { return d[i].at.Before(d[j].at) }
-func (d deadlines) Swap(i, j int)      { d[i], d[j] = d[j], d[i] }
-func (d *deadlines) Push(x any)        { *d = append(*d, x.(deadline)) }
-func (d *deadlines) Pop() any {
-	old := *d
-	x := old[len(old)-1]
-	old[len(old)-1] = deadline{} // the spare capacity must not keep the id
-	*d = old[:len(old)-1]
-	return x
+func (d deadlines) Len() int { return len(d) }
+
+func (d *deadlines) push(x deadline) {
+	h := append(*d, x)
+	*d = h
+	for i := len(h) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !h[i].at.Before(h[parent].at) {
+			break
+		}
+		h[i], h[parent] = h[parent], h[i]
+		i = parent
+	}
 }
+
+func (d *deadlines) pop() deadline {
+	h := *d
+	last := len(h) - 1
+	top := h[0]
+	h[0] = h[last]
+	h[last] = deadline{} // the spare capacity must not keep the id
+	h = h[:last]
+	*d = h
+	for i := 0; ; {
+		child := 2*i + 1
+		if child >= len(h) {
+			break
+		}
+		if right := child + 1; right < len(h) && h[right].at.Before(h[child].at) {
+			child = right
+		}
+		if !h[child].at.Before(h[i].at) {
+			break
+		}
+		h[i], h[child] = h[child], h[i]
+		i = child
+	}
+	return top
+}
+
 func (d deadlines) peek() deadline { return d[0] }
 
 // forgetQueue is a min-heap of offline users by forgetAt for container/heap.

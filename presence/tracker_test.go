@@ -2,7 +2,9 @@ package presence
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 	"weak"
@@ -456,5 +458,54 @@ func TestDevicesEndedTogetherPublishNoStateBetween(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Many users' connections ending in one call (a late Advance, a node's
+// death) settle each user once, past the few a plain list holds.
+func TestManyUsersEndingAtOnceSettleOnceEach(t *testing.T) {
+	const users = 40
+	for _, end := range []string{"expiry", "node"} {
+		tr := NewTracker(Config{TTL: ttl, Grace: grace})
+		for i := range users {
+			u := fmt.Sprint("u", i)
+			for d := range 2 {
+				c := Conn{ID: fmt.Sprint(u, "-", d), UserID: u, Device: fmt.Sprint("d", d), Node: "n"}
+				if _, err := tr.Connect(t0, c); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		at := t0.Add(2 * ttl)
+		var out Outcome
+		if end == "expiry" {
+			out = tr.Advance(at)
+			if len(out.Expired) != 2*users {
+				t.Fatalf("%s: %d connections expired, want %d", end, len(out.Expired), 2*users)
+			}
+		} else {
+			out = tr.DisconnectNode(at, "n")
+		}
+		if out.GraceStarted != users || len(out.Changes) != 0 {
+			t.Fatalf("%s: %d graces started and %d changes, want %d and none", end, out.GraceStarted, len(out.Changes), users)
+		}
+		var got []string
+		for _, ch := range tr.Advance(at.Add(grace)).Changes {
+			if ch.State != Offline {
+				t.Fatalf("%s: change %+v, want offline", end, ch)
+			}
+			got = append(got, ch.UserID)
+		}
+		// Order aside (deadlines tie; a node's connections are walked in
+		// map order), each user comes once.
+		slices.Sort(got)
+		want := make([]string, users)
+		for i := range want {
+			want[i] = fmt.Sprint("u", i)
+		}
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: offlines for %v, want each of %v once", end, got, want)
+		}
 	}
 }
