@@ -135,8 +135,10 @@ func BenchmarkAdvanceRefresh(b *testing.B) {
 	for b.Loop() {
 		round++
 		due := start.Add(time.Duration(round) * ttl)
-		for _, id := range ids {
-			if err := tr.Heartbeat(due.Add(-time.Second), id); err != nil {
+		// Heard from at different moments, as a crowd is: the deadlines
+		// differ, so the heap's steps are not the one comparison of ties.
+		for i, id := range ids {
+			if err := tr.Heartbeat(due.Add(-time.Second-time.Duration(i)*time.Millisecond), id); err != nil {
 				b.Fatal(err)
 			}
 		}

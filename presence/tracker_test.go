@@ -462,8 +462,9 @@ func TestDevicesEndedTogetherPublishNoStateBetween(t *testing.T) {
 }
 
 // Many users' connections ending in one call (a late Advance, a node's
-// death) settle each user once, past the few a plain list holds.
-func TestManyUsersEndingAtOnceSettleOnceEach(t *testing.T) {
+// death) each start one grace and end in one offline, past the few users a
+// plain list holds.
+func TestManyUsersEndingAtOnceGoOfflineOnceEach(t *testing.T) {
 	const users = 40
 	for _, end := range []string{"expiry", "node"} {
 		tr := NewTracker(Config{TTL: ttl, Grace: grace})
@@ -506,6 +507,25 @@ func TestManyUsersEndingAtOnceSettleOnceEach(t *testing.T) {
 		slices.Sort(want)
 		if !slices.Equal(got, want) {
 			t.Fatalf("%s: offlines for %v, want each of %v once", end, got, want)
+		}
+	}
+}
+
+// userList keeps each user once, in the order first added, before and
+// after it switches to a set.
+func TestUserListKeepsFirstOrderOnce(t *testing.T) {
+	for _, n := range []int{3, 16, 17, 40} {
+		var l userList
+		var want []string
+		for i := range n {
+			u := fmt.Sprint("u", i)
+			want = append(want, u)
+			l.add(u)
+			l.add(want[i/2]) // repeats, early and late
+			l.add(u)
+		}
+		if !slices.Equal(l.order, want) {
+			t.Fatalf("%d users: order %v, want %v", n, l.order, want)
 		}
 	}
 }

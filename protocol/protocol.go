@@ -518,9 +518,10 @@ var (
 
 // SimpleHeartbeat recognises the heartbeats clients send, without
 // allocating: {"type":"heartbeat"} (id nil) and {"type":"heartbeat","id":ID}
-// where ID is a plain integer or a string of letters, digits, '-' and '_'
-// (id is ID, in data). Any other frame, a heartbeat spelled otherwise among
-// them, is for DecodeClientFrame's general path.
+// where ID is a plain integer or a string of letters, digits, '-' and '_'.
+// The id it returns is ID's bytes inside data, not a copy: copy it before
+// data is reused. Any other frame, a heartbeat spelled otherwise among them,
+// is for DecodeClientFrame, which reads these the same.
 func SimpleHeartbeat(data []byte) (id []byte, ok bool) {
 	if bytes.Equal(data, plainHeartbeat) {
 		return nil, true

@@ -49,8 +49,8 @@ func TestDecodeClientFrame(t *testing.T) {
 
 // The fast path must agree with the general decoder on the id it returns.
 func TestHeartbeatFastPathAgrees(t *testing.T) {
-	for _, in := range []string{`{"type":"heartbeat","id":42}`, `{"type":"heartbeat","id":"ab-c"}`, `{"type":"heartbeat","id":-7}`} {
-		fast, ok := heartbeatWithSimpleID([]byte(in))
+	for _, in := range []string{`{"type":"heartbeat","id":42}`, `{"type":"heartbeat","id":"ab-c"}`, `{"type":"heartbeat","id":-7}`, `{"type":"heartbeat"}`} {
+		fast, ok := SimpleHeartbeat([]byte(in))
 		var slow Heartbeat
 		if err := json.Unmarshal([]byte(in), &slow); err != nil || !ok || string(fast) != string(slow.ID) {
 			t.Errorf("%s: fast %q (%v), slow %q (%v)", in, fast, ok, slow.ID, err)
@@ -114,6 +114,16 @@ func FuzzDecodeClientFrame(f *testing.F) {
 	}
 	codes := map[string]bool{CodeBadRequest: true, CodeUnknownType: true, CodeTooManyIDs: true}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// The fast path takes only what the general one reads the same.
+		if id, ok := SimpleHeartbeat(data); ok {
+			var slow struct {
+				Type string          `json:"type"`
+				ID   json.RawMessage `json:"id"`
+			}
+			if err := json.Unmarshal(data, &slow); err != nil || slow.Type != TypeHeartbeat || string(slow.ID) != string(id) || checkID(slow.ID) != nil {
+				t.Fatalf("fast path took %q as id %q; general path: %+v, %v", data, id, slow, err)
+			}
+		}
 		fr, err := DecodeClientFrame(data)
 		if err != nil {
 			var de *DecodeError
