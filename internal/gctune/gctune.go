@@ -33,11 +33,11 @@ type Config struct {
 	Interval   time.Duration // between samples
 }
 
-// Defaults. An idle node allocates ~1-3% of its live heap a second
-// (heartbeats, acks, sweeps); at GOGC 10 it then collects every few
-// seconds, and each collection marks the live heap once: 25-35 ms of CPU at
-// 15,000 connections (docs/benchmarks.md). A node connecting or churning
-// allocates several times its live heap a second and stays at Busy.
+// Defaults. An idle node allocates well under 1% of its live heap a second
+// (acks, sweeps, scrapes); at GOGC 10 it then collects about every 25 s,
+// and each collection marks the live heap once: 25-35 ms of CPU at 15,000
+// connections (docs/benchmarks.md, "Dec 6, eighth"). A node connecting or
+// churning allocates several times its live heap a second and stays at Busy.
 var Defaults = Config{Busy: 50, Quiet: 10, QuietRate: 0.05, QuietAfter: 20 * time.Second, Interval: time.Second}
 
 // Sample is what the tuner reads each interval.
