@@ -1,6 +1,9 @@
 package redisstore
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // backlog is work that many goroutines add to and one loop takes whole: the
 // heartbeats heard since the last batch, the ends and the publishes to try
@@ -43,4 +46,36 @@ func (b *backlog[T]) take() []T {
 	items := b.items
 	b.items = nil
 	return items
+}
+
+// beatBatches are the heartbeats heard and not written yet, per shard.
+type beatBatches struct {
+	mu    sync.Mutex
+	ids   [numShards][]string // guarded by mu
+	first [numShards]int64    // when each shard's oldest waiting id was added (unix ns); guarded by mu
+}
+
+// add queues a heartbeat of connection id, in shard sh.
+func (b *beatBatches) add(sh int, id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.ids[sh]) == 0 {
+		b.first[sh] = time.Now().UnixNano()
+	}
+	b.ids[sh] = append(b.ids[sh], id)
+}
+
+// take removes and returns the batches that are due at now: those of at
+// least full ids and those whose oldest id waited hold; every batch when
+// full is 0.
+func (b *beatBatches) take(now time.Time, full int, hold time.Duration) (due [numShards][]string, some bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	oldest := now.Add(-hold).UnixNano()
+	for sh, ids := range b.ids {
+		if len(ids) > 0 && (len(ids) >= full || b.first[sh] <= oldest) {
+			due[sh], b.ids[sh], some = ids, nil, true
+		}
+	}
+	return due, some
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store/redisstore/redistest"
 )
 
@@ -125,4 +126,86 @@ func zmscoreCalls(t *testing.T, r *redistest.Server) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// A shard's heartbeats are written once its batch is full, or once the
+// oldest of a smaller batch waited the hold; a flush of everything (Close)
+// takes every batch. Each batch keeps the order heard.
+func TestBeatBatchesAreDueFullOrHeld(t *testing.T) {
+	const full, hold = 100, 2 * time.Second
+	var b beatBatches
+	start := time.Now()
+	for i := range full {
+		b.add(3, "f"+strconv.Itoa(i))
+	}
+	b.add(7, "s1")
+	b.add(7, "s2")
+	b.add(9, "t1")
+	ids := func(due [numShards][]string) map[int][]string {
+		m := map[int][]string{}
+		for sh, v := range due {
+			if len(v) > 0 {
+				m[sh] = v
+			}
+		}
+		return m
+	}
+
+	due, some := b.take(start.Add(hold-time.Millisecond), full, hold)
+	got := ids(due)
+	if !some || len(got) != 1 || len(got[3]) != full || got[3][0] != "f0" || got[3][full-1] != "f99" {
+		t.Fatalf("before the hold: due %v (some %v), want only shard 3's full batch in order", got, some)
+	}
+	b.add(9, "t2")
+	due, some = b.take(time.Now().Add(hold), full, hold)
+	got = ids(due)
+	if !some || len(got) != 2 || !slices.Equal(got[7], []string{"s1", "s2"}) || !slices.Equal(got[9], []string{"t1", "t2"}) {
+		t.Fatalf("after the hold: due %v, want shards 7 and 9 in order", got)
+	}
+	if _, some := b.take(time.Now().Add(time.Hour), full, hold); some {
+		t.Fatal("a batch taken is due again")
+	}
+	b.add(1, "u")
+	if due, some := b.take(time.Now(), 0, 0); !some || !slices.Equal(due[1], []string{"u"}) {
+		t.Fatalf("flushing everything left %v", ids(due))
+	}
+}
+
+// The flush loop writes a small batch once the hold is over, not at its
+// first tick: the deadline it sets is a ttl past the hold's end at least.
+func TestSmallHeartbeatBatchWaitsTheHold(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", 4*time.Second, 300*time.Millisecond)
+	hold := s.heartbeatHold()
+	if hold <= s.cfg.HeartbeatFlush {
+		t.Fatalf("hold %v is no longer than a flush period %v", hold, s.cfg.HeartbeatFlush)
+	}
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	dl := shardKeys(shardOf("bob"))[0]
+	score := func() int64 {
+		v, err := r.Do("ZSCORE", dl, "c1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			t.Fatalf("ZSCORE %s c1: %q", dl, v)
+		}
+		return n
+	}
+	before := score()
+	heard := time.Now()
+	must(t, s.Heartbeat(ctx, "c1"))
+	limit := time.Now().Add(10 * time.Second)
+	for score() == before {
+		if time.Now().After(limit) {
+			t.Fatal("the heartbeat was not written in 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, min := score(), heard.Add(hold).Add(s.cfg.TTL).UnixMilli()-1; got < min {
+		t.Fatalf("deadline %d ms, want at least %d: the batch of one was written %d ms after its heartbeat, within the hold %v",
+			got, min, got-s.cfg.TTL.Milliseconds()-heard.UnixMilli(), hold)
+	}
 }

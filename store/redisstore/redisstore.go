@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"log/slog"
-	"math"
 	"net"
 	"strings"
 	"sync"
@@ -63,7 +62,9 @@ type Config struct {
 	// sv:), answered as never seen; team membership (ut:) is kept. 0: never;
 	// else at least Grace.
 	ForgetAfter time.Duration
-	// HeartbeatFlush is how often batched heartbeats are written. 500ms, or
+	// HeartbeatFlush is how often batched heartbeats are looked at: a
+	// shard's batch is written once it holds heartbeatBatchFull ids, or
+	// when its oldest waited 4 × HeartbeatFlush (at most TTL/4). 500ms, or
 	// TTL/8 when that is shorter.
 	HeartbeatFlush time.Duration
 	// WebhookQueue, when above 0, turns webhooks on: every published change
@@ -122,7 +123,7 @@ type Store struct {
 	mu    sync.Mutex
 	conns map[string]*localConn // this node's live connections
 
-	beats       backlog[heard]      // heartbeats, written in batches by flushLoop
+	beats       beatBatches         // heartbeats, written in batches by flushLoop
 	ends        backlog[pendingEnd] // ends to make again, by flushLoop
 	unpublished backlog[pubMsg]     // changes whose publish failed, retried by flushLoop
 	// statusesLost: users whose status write lost its reply; their status
@@ -535,8 +536,8 @@ func (s *Store) endInRedis(ctx context.Context, id, user, node string) {
 	}
 }
 
-// Heartbeat implements store.Tracker: it only queues the id; a batch per
-// shard is written every HeartbeatFlush.
+// Heartbeat implements store.Tracker: it only queues the id; a shard's
+// batch is written once full, or when its oldest waited heartbeatHold.
 func (s *Store) Heartbeat(_ context.Context, connID string) error {
 	s.mu.Lock()
 	lc, ok := s.conns[connID]
@@ -544,7 +545,7 @@ func (s *Store) Heartbeat(_ context.Context, connID string) error {
 	if !ok {
 		return ErrUnknownConn
 	}
-	s.beats.add(math.MaxInt, heard{int(lc.shard), connID})
+	s.beats.add(int(lc.shard), connID)
 	return nil
 }
 
