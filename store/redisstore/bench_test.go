@@ -230,9 +230,11 @@ func scriptBatch(b *testing.B, n int) {
 	})
 }
 
-// BenchmarkSweepNothingDue: one op is the store's Sweep (one script per
-// shard, 32, in one pipeline) while conns connections are live and nothing
-// is due: what every node pays every sweep period (100 ms) at rest.
+// BenchmarkSweepNothingDue: one op is a sweep of every shard (32 scripts
+// in one pipeline, as a node recovering sweeps, or a node that found a dead
+// one) while conns connections are live and nothing is due: what a shard's
+// owner pays at least every ownedSweepMax, and the others at each fallback
+// sweep. (Store.Sweep itself now sweeps no shard that has nothing due.)
 func BenchmarkSweepNothingDue(b *testing.B) {
 	for _, conns := range []int{0, 1000} {
 		b.Run("conns="+strconv.Itoa(conns), func(b *testing.B) {
@@ -243,8 +245,12 @@ func BenchmarkSweepNothingDue(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			all := make([]int, numShards)
+			for sh := range all {
+				all[sh] = sh
+			}
 			// The first sweep starts a hold-off (nobody swept before); let it pass.
-			if err := s.Sweep(ctx); err != nil {
+			if _, err := s.sweepShards(ctx, all, time.Now()); err != nil {
 				b.Fatal(err)
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -253,9 +259,10 @@ func BenchmarkSweepNothingDue(b *testing.B) {
 				swept.Add(int64(len(out.Expired) + len(out.Changes)))
 			})
 			s.SetObserver(obs)
+			calls0 := evalshaCalls(b, r)
 			measure(b, r, 1, "op", func() {
 				for i := 0; i < b.N; i++ {
-					if err := s.Sweep(ctx); err != nil {
+					if _, err := s.sweepShards(ctx, all, time.Now()); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -263,8 +270,45 @@ func BenchmarkSweepNothingDue(b *testing.B) {
 			if n := swept.Load(); n != 0 {
 				b.Fatalf("the sweep found %d things due", n)
 			}
+			if got, want := evalshaCalls(b, r)-calls0, b.N*numShards; got < want {
+				b.Fatalf("%d sweep scripts ran, want %d", got, want)
+			}
 		})
 	}
+}
+
+// BenchmarkBeat: one op is a node's liveness beat (32 scripts in one
+// pipeline), which every node sends every NodeTTL/3.
+func BenchmarkBeat(b *testing.B) {
+	s, r := benchStore(b, 0)
+	ctx := context.Background()
+	calls0 := evalshaCalls(b, r)
+	measure(b, r, 1, "op", func() {
+		for i := 0; i < b.N; i++ {
+			s.beat(ctx, false)
+		}
+	})
+	if got, want := evalshaCalls(b, r)-calls0, b.N*numShards; got < want {
+		b.Fatalf("%d beat scripts ran, want %d", got, want)
+	}
+}
+
+// evalshaCalls is how many EVALSHAs Redis has run so far.
+func evalshaCalls(b *testing.B, r *redistest.Server) int {
+	b.Helper()
+	info, err := r.Do("INFO", "commandstats")
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(info, "cmdstat_evalsha:calls=")
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
 }
 
 type observerFunc func(op string, out presence.Outcome, took time.Duration)
