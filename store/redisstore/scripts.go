@@ -18,7 +18,7 @@ import (
 var luaFiles embed.FS
 
 // scripts are the atomic transitions, each prefixed with the shared prelude
-// but heartbeat (the hottest, which needs none of it), and the two halves
+// but heartbeat and beat (the most frequent, which need none of it), and the two halves
 // of a membership change. Each names in KEYS every key known before the
 // call (shardKeys, userKeys); sweep, reconcile and forget also reach the
 // keys of users they find in the shard (prelude.lua).
@@ -46,7 +46,7 @@ func loadScripts(whMax int) scripts {
 		forget:  s("forget"),
 		connect: s("connect"), status: s("status"),
 		heartbeat:  redis.NewScript(mustRead("heartbeat")),
-		disconnect: s("disconnect"), sweep: s("sweep"), beat: s("beat"),
+		disconnect: s("disconnect"), sweep: s("sweep"), beat: redis.NewScript(mustRead("beat")),
 		presence: s("presence"), reconcile: s("reconcile"), floor: s("floor"),
 		userStatus: s("user_status"),
 		memberUser: redis.NewScript(mustRead("member_user")),

@@ -1,4 +1,6 @@
--- KEYS: the shard's (prelude). ARGV: node, leaving (1/0), beaten (1/0:
+-- KEYS: the shard's, in the prelude's order; it runs without the prelude,
+-- whose functions every call would build for nothing (every node beats
+-- into every shard each second). ARGV: node, leaving (1/0), beaten (1/0:
 -- this process beat before), hold-off ms, node ttl ms, restoring (1/0: this
 -- node found a data loss and has not written its connections back yet).
 -- A node's
@@ -11,6 +13,10 @@
 -- live counts the nodes that beat within the node ttl, and rank is this
 -- node's place among them by name, from 0: the shards are shared out by it
 -- for sweeping (loops.go).
+local NODES, LS, HO, EM = KEYS[3], KEYS[6], KEYS[7], KEYS[10]
+local t = redis.call('TIME')
+local NOW_MS = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function num(s) return tonumber(s or '0') or 0 end
 local missing = 0
 local prev = redis.call('ZSCORE', NODES, ARGV[1])
 if not prev then missing = 1 end
