@@ -51,8 +51,8 @@ func (b *backlog[T]) take() []T {
 // beatBatches are the heartbeats heard and not written yet, per shard.
 type beatBatches struct {
 	mu    sync.Mutex
-	ids   [numShards][]string // guarded by mu
-	first [numShards]int64    // when each shard's oldest waiting id was added (unix ns); guarded by mu
+	ids   [numShards][]string  // guarded by mu
+	first [numShards]time.Time // when each shard's oldest waiting id was added (monotonic); guarded by mu
 }
 
 // add queues a heartbeat of connection id, in shard sh.
@@ -60,7 +60,7 @@ func (b *beatBatches) add(sh int, id string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.ids[sh]) == 0 {
-		b.first[sh] = time.Now().UnixNano()
+		b.first[sh] = time.Now()
 	}
 	b.ids[sh] = append(b.ids[sh], id)
 }
@@ -71,11 +71,19 @@ func (b *beatBatches) add(sh int, id string) {
 func (b *beatBatches) take(now time.Time, full int, hold time.Duration) (due [numShards][]string, some bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	oldest := now.Add(-hold).UnixNano()
 	for sh, ids := range b.ids {
-		if len(ids) > 0 && (len(ids) >= full || b.first[sh] <= oldest) {
+		if len(ids) > 0 && (len(ids) >= full || now.Sub(b.first[sh]) >= hold) {
 			due[sh], b.ids[sh], some = ids, nil, true
 		}
 	}
 	return due, some
+}
+
+// takeShard removes and returns shard sh's batch.
+func (b *beatBatches) takeShard(sh int) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ids := b.ids[sh]
+	b.ids[sh] = nil
+	return ids
 }

@@ -141,9 +141,9 @@ func BenchmarkConnectDisconnect(b *testing.B) {
 
 // BenchmarkHeartbeatBatch: heartbeats of live connections written to
 // Redis. script_N is one heartbeat script call with N ids of one shard
-// holding 500 connections (a shard's batch at 200 heartbeats/s per shard,
-// flushed every 500 ms, is 100; a node of 15,000 idle connections at the
-// default 10 s sends ~25); flush_100 is
+// holding 500 connections (a shard's batch is written once it holds 100;
+// a node of 15,000 idle connections at the default 10 s sent ~25 a shard
+// every 500 ms before batches waited to fill); flush_100 is
 // the store's own path: Heartbeat 100 times (queued), then one flush, which
 // spreads them over the shards in one pipeline (~30 script calls). ns/hb
 // and redis-µs/hb are per heartbeat.

@@ -26,7 +26,7 @@ func TestCrashedNodeMakesEveryNodeResync(t *testing.T) {
 	must(t, a.AddMember(ctx, "t", "bob"))
 	must(t, a.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
 	must(t, a.Connect(ctx, presence.Conn{ID: "c2", UserID: "bob", Device: "phone", Idle: true}))
-	dc := a.disconnectCall("c1", "bob", "a", presence.Closed, true)
+	dc := a.disconnectCall("c1", "bob", "a", presence.Closed, true, noneHeard)
 	if _, err := run(ctx, a.rdb, a.sc.disconnect, dc.keys, dc.args...); err != nil {
 		t.Fatal(err)
 	}

@@ -179,8 +179,9 @@ func TestFaults(t *testing.T) {
 		}
 	})
 
-	// Docs: after a FLUSHALL each node writes its live connections back within
-	// one heartbeat batch (500 ms). Only connections that heartbeat are.
+	// Docs: after a FLUSHALL each node writes its live connections back once
+	// its next beat (or heartbeat batch) finds them missing. Only connections
+	// that heartbeat are.
 	t.Run("FlushAllIdleConnNotReasserted", func(t *testing.T) {
 		r := redistest.Start(t)
 		s, _ := mk(t, r.URL(), "a", 25*time.Second, grace)

@@ -176,7 +176,7 @@ func TestBeatBatchesAreDueFullOrHeld(t *testing.T) {
 func TestSmallHeartbeatBatchWaitsTheHold(t *testing.T) {
 	ctx := context.Background()
 	r := redistest.Start(t)
-	s, _ := mk(t, r.URL(), "a", 4*time.Second, 300*time.Millisecond)
+	s, _ := mk(t, r.URL(), "a", 10*time.Second, 300*time.Millisecond)
 	hold := s.heartbeatHold()
 	if hold <= s.cfg.HeartbeatFlush {
 		t.Fatalf("hold %v is no longer than a flush period %v", hold, s.cfg.HeartbeatFlush)
@@ -207,5 +207,66 @@ func TestSmallHeartbeatBatchWaitsTheHold(t *testing.T) {
 	if got, min := score(), heard.Add(hold).Add(s.cfg.TTL).UnixMilli()-1; got < min {
 		t.Fatalf("deadline %d ms, want at least %d: the batch of one was written %d ms after its heartbeat, within the hold %v",
 			got, min, got-s.cfg.TTL.Milliseconds()-heard.UnixMilli(), hold)
+	}
+}
+
+// A connection that drops is last seen at its last heartbeat as its node
+// heard it, though that heartbeat still waits in its batch: Redis's own
+// record (the last batch written, here 5 s back) would make it seconds
+// early.
+func TestDroppedConnectionLastSeenAtItsLastHeartbeat(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", 4*time.Second, 0)
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	dl := shardKeys(shardOf("bob"))[0]
+	batch := time.Now().Add(-5 * time.Second)
+	if _, err := r.Do("ZADD", dl, "XX", strconv.FormatInt(batch.Add(s.cfg.TTL).UnixMilli(), 10), "c1"); err != nil {
+		t.Fatal(err)
+	}
+	heard := time.Now()
+	must(t, s.Heartbeat(ctx, "c1"))
+	must(t, s.Disconnect(ctx, "c1", presence.Expired))
+	after := time.Now()
+	ps, err := s.Presence(ctx, []string{"bob"})
+	must(t, err)
+	if len(ps) != 1 {
+		t.Fatalf("presence of bob: %+v", ps)
+	}
+	seen := ps[0].LastSeen
+	if seen.Before(heard.Add(-2*time.Millisecond)) || seen.After(after.Add(2*time.Millisecond)) {
+		t.Fatalf("last seen %v, want between the heartbeat %v and the disconnect's end %v (the last batch was %v)",
+			seen.Format(time.StampMilli), heard.Format(time.StampMilli), after.Format(time.StampMilli), batch.Format(time.StampMilli))
+	}
+}
+
+// An expiry ends with its connection the user's others on the node whose
+// deadline in Redis has passed (disconnect.lua): one whose heartbeat still
+// waits in its batch is alive, and stays. Its batch is written first.
+func TestExpiryKeepsASiblingWhoseHeartbeatWaits(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", 10*time.Second, 0)
+	must(t, s.Connect(ctx, presence.Conn{ID: "x", UserID: "bob", Device: "web"}))
+	must(t, s.Connect(ctx, presence.Conn{ID: "y", UserID: "bob", Device: "ios"}))
+	// Both silent for a ttl as far as Redis knows: their last batches are
+	// that old.
+	dl := shardKeys(shardOf("bob"))[0]
+	past := strconv.FormatInt(time.Now().Add(-time.Millisecond).UnixMilli(), 10)
+	if _, err := r.Do("ZADD", dl, "XX", past, "x", past, "y"); err != nil {
+		t.Fatal(err)
+	}
+	must(t, s.Heartbeat(ctx, "y")) // y is heard from; its batch waits
+	must(t, s.Disconnect(ctx, "x", presence.Expired))
+	ps, err := s.Presence(ctx, []string{"bob"})
+	must(t, err)
+	if len(ps) != 1 || ps[0].State != presence.Online || ps[0].ConnectionCount != 1 {
+		t.Fatalf("bob after x expired: %+v, want online on y alone", ps)
+	}
+	s.mu.Lock()
+	_, live := s.conns["y"]
+	s.mu.Unlock()
+	if !live {
+		t.Fatal("y was ended with x though its heartbeat was heard")
 	}
 }

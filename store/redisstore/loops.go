@@ -48,24 +48,28 @@ const heartbeatBatchFull = 100
 // heartbeatHold is how long a shard's heartbeats wait at most for a full
 // batch: an idle crowd's few heartbeats per shard and flush cost Redis a
 // script call each for a handful of ids. Waiting is safe: a deadline in
-// Redis only backs the node's own expiry, which no batch delays, with a
-// safety net a ttl past it (docs/design.md).
+// Redis only backs the node's own expiry, which no batch delays (an expiry
+// writes its shard's batch first: Disconnect), with a safety net a ttl past
+// it (docs/design.md), whose margin the hold spends no more than a tenth
+// of the ttl of.
 func (s *Store) heartbeatHold() time.Duration {
-	return min(4*s.cfg.HeartbeatFlush, s.cfg.TTL/4)
+	return min(4*s.cfg.HeartbeatFlush, s.cfg.TTL/10)
 }
 
 // flushHeartbeats writes every heartbeat waiting (Close, and tests that
 // stand in for the flush loop).
 func (s *Store) flushHeartbeats(ctx context.Context) { s.writeHeartbeats(ctx, 0, 0) }
 
-// writeHeartbeats writes the shards' batches that are due (beatBatches.take)
-// as one script call per shard, in one pipeline, and re-asserts
-// connections Redis no longer knows.
+// writeHeartbeats writes the shards' batches that are due (beatBatches.take).
 func (s *Store) writeHeartbeats(ctx context.Context, full int, hold time.Duration) {
-	pending, some := s.beats.take(time.Now(), full, hold)
-	if !some {
-		return
+	if pending, some := s.beats.take(time.Now(), full, hold); some {
+		s.writeBatches(ctx, &pending)
 	}
+}
+
+// writeBatches writes each shard's batch as one script call, in one
+// pipeline, and re-asserts connections Redis no longer knows.
+func (s *Store) writeBatches(ctx context.Context, pending *[numShards][]string) {
 	calls := make([]call, 0, numShards)
 	for sh, ids := range pending {
 		if len(ids) == 0 {

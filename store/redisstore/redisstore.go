@@ -64,7 +64,7 @@ type Config struct {
 	ForgetAfter time.Duration
 	// HeartbeatFlush is how often batched heartbeats are looked at: a
 	// shard's batch is written once it holds heartbeatBatchFull ids, or
-	// when its oldest waited 4 × HeartbeatFlush (at most TTL/4). 500ms, or
+	// when its oldest waited 4 × HeartbeatFlush (at most TTL/10). 500ms, or
 	// TTL/8 when that is shorter.
 	HeartbeatFlush time.Duration
 	// WebhookQueue, when above 0, turns webhooks on: every published change
@@ -98,6 +98,11 @@ type localConn struct {
 	user, device, node string
 	active             bool
 	shard              uint8 // shardOf(user), kept: every heartbeat needs it
+	// heard is this node's clockMS at the connection's last sign of life
+	// (its connect, a Heartbeat): a connection that drops or expires is
+	// last seen then, not at its last heartbeat batch, which waits up to
+	// heartbeatHold. (32 bits fit the padding, so the entry stays 64 B.)
+	heard uint32
 	// statusSeq counts SetStatus calls: Redis keeps the active flag of the
 	// highest one it saw, so a re-assertion that read active before a
 	// status change and reached Redis after it cannot undo it.
@@ -175,6 +180,7 @@ type Store struct {
 	onBroadcast atomic.Pointer[func([]byte)]
 	countsSet   atomic.Bool   // this node set channel counts: Close removes them
 	stop        chan struct{} // closed by Close; never sent on
+	epoch       time.Time     // clockMS counts from it
 	wg          sync.WaitGroup
 	closed      atomic.Bool
 	deferMu     sync.Mutex   // orders deferMembership's wg.Add before Close's Wait
@@ -245,6 +251,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		m:     newStoreMetrics(),
 		conns: make(map[string]*localConn),
 		stop:  make(chan struct{}),
+		epoch: time.Now(),
 	}
 	// A script that timed out may have run: retrying it could apply it twice.
 	// Failures surface instead, and re-assertion repairs what they leave.
@@ -490,14 +497,14 @@ func (s *Store) connected(ctx context.Context, c presence.Conn, lc localConn, kn
 		s.noteLostReply(err)
 		if !known && !isRedisReply(err) {
 			// The script may have run: make sure no ghost stays behind.
-			s.endLater(pendingEnd{id: c.ID, user: c.UserID, node: c.Node, cause: presence.Closed})
+			s.endLater(pendingEnd{id: c.ID, user: c.UserID, node: c.Node, cause: presence.Closed, heard: noneHeard})
 		}
 		return s.failed(store.OpConnect, fmt.Errorf("redisstore: connect: %w", scriptErr(err)))
 	}
 	s.mu.Lock()
 	_, live := s.conns[c.ID]
 	if !known {
-		s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, node: c.Node, active: lc.active, shard: uint8(shardOf(c.UserID))}
+		s.conns[c.ID] = &localConn{user: c.UserID, device: c.Device, node: c.Node, active: lc.active, shard: uint8(shardOf(c.UserID)), heard: s.clockMS()}
 	}
 	// A re-asserted connection keeps its entry: a status change may have
 	// updated it since lc was read.
@@ -514,15 +521,30 @@ func (s *Store) connected(ctx context.Context, c presence.Conn, lc localConn, kn
 
 // disconnectCall is the disconnect script's call for connection id of user
 // on node; known: the node held it (see disconnect.lua).
-func (s *Store) disconnectCall(id, user, node string, cause presence.Cause, known bool) call {
+//
+// heard is this node's clockMS at the connection's last sign of life, or
+// noneHeard: the script takes the connection as last seen that long ago
+// on Redis's clock (a drop or an expiry; a close is seen at once).
+func (s *Store) disconnectCall(id, user, node string, cause presence.Cause, known bool, heard int64) call {
+	ago := int64(-1)
+	if heard != noneHeard {
+		ago = int64(s.clockMS() - uint32(heard)) // modulo 2^32: a connection is never silent 49 days
+	}
 	return call{keys: userKeys(user, ncKey(shardOf(user), node)),
 		args: []any{id, int(cause), s.ttlMS(), s.graceMS(), user, node, boolArg(known),
-			max(s.cfg.Grace, s.cfg.HoldOff).Milliseconds()}}
+			max(s.cfg.Grace, s.cfg.HoldOff).Milliseconds(), ago}}
 }
+
+// noneHeard, for disconnectCall: the node has no sign of life to give, and
+// the script takes the connection's last heartbeat batch.
+const noneHeard = -1
+
+// clockMS is this node's monotonic clock in ms, modulo 2^32 (localConn.heard).
+func (s *Store) clockMS() uint32 { return uint32(time.Since(s.epoch) / time.Millisecond) }
 
 // endInRedis ends a connection this node no longer has.
 func (s *Store) endInRedis(ctx context.Context, id, user, node string) {
-	c := s.disconnectCall(id, user, node, presence.Closed, true)
+	c := s.disconnectCall(id, user, node, presence.Closed, true, noneHeard)
 	v, err := run(ctx, s.rdb, s.sc.disconnect, c.keys, c.args...)
 	switch {
 	case err == nil:
@@ -532,15 +554,19 @@ func (s *Store) endInRedis(ctx context.Context, id, user, node string) {
 		s.noteLostReply(err)
 		// Not ended: left to its deadline, the connection would keep its
 		// user online up to a ttl.
-		s.endLater(pendingEnd{id: id, user: user, node: node, cause: presence.Closed, known: true})
+		s.endLater(pendingEnd{id: id, user: user, node: node, cause: presence.Closed, known: true, heard: noneHeard})
 	}
 }
 
 // Heartbeat implements store.Tracker: it only queues the id; a shard's
 // batch is written once full, or when its oldest waited heartbeatHold.
 func (s *Store) Heartbeat(_ context.Context, connID string) error {
+	now := s.clockMS()
 	s.mu.Lock()
 	lc, ok := s.conns[connID]
+	if ok {
+		lc.heard = now
+	}
 	s.mu.Unlock()
 	if !ok {
 		return ErrUnknownConn
@@ -613,7 +639,18 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 	if !ok {
 		return ErrUnknownConn
 	}
-	dc := s.disconnectCall(connID, lc.user, lc.node, cause, true)
+	if cause == presence.Expired {
+		// The script ends with this connection the user's others here
+		// whose deadline in Redis has passed: the node reaps them in the
+		// same tick. A heartbeat of theirs still waiting in its batch
+		// would not have moved it yet, so the batch goes first.
+		if ids := s.beats.takeShard(int(lc.shard)); len(ids) > 0 {
+			var pending [numShards][]string
+			pending[lc.shard] = ids
+			s.writeBatches(ctx, &pending)
+		}
+	}
+	dc := s.disconnectCall(connID, lc.user, lc.node, cause, true, int64(lc.heard))
 	v, err := run(ctx, s.rdb, s.sc.disconnect, dc.keys, dc.args...)
 	if err == nil {
 		s.sweepAtGraceEnd(shardOf(lc.user))
@@ -621,7 +658,7 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 	if err != nil {
 		s.noteLostReply(err)
 		if !isRedisReply(err) {
-			s.endLater(pendingEnd{id: connID, user: lc.user, node: lc.node, cause: cause, known: true})
+			s.endLater(pendingEnd{id: connID, user: lc.user, node: lc.node, cause: cause, known: true, heard: int64(lc.heard)})
 		}
 		err = scriptErr(err)
 		if errors.Is(err, ErrUnknownConn) {
@@ -786,7 +823,8 @@ type pendingEnd struct {
 	id, user string // user picks the shard
 	node     string // the node it was connected on
 	cause    presence.Cause
-	known    bool // the user was connected here: a lost record still ends in an offline
+	known    bool  // the user was connected here: a lost record still ends in an offline
+	heard    int64 // as disconnectCall takes it
 	tries    int
 }
 
@@ -804,7 +842,7 @@ func (s *Store) endLater(e pendingEnd) {
 // next flush, up to 20 tries (reconciliation covers the rest).
 func (s *Store) retryEnds(ctx context.Context) {
 	for _, e := range s.ends.take() {
-		c := s.disconnectCall(e.id, e.user, e.node, e.cause, e.known)
+		c := s.disconnectCall(e.id, e.user, e.node, e.cause, e.known, e.heard)
 		v, err := run(ctx, s.rdb, s.sc.disconnect, c.keys, c.args...)
 		switch {
 		case err == nil:

@@ -16,7 +16,7 @@ import (
 const allShards = 1<<numShards - 1
 
 // Sweep implements store.Tracker: one atomic script per shard, pipelined;
-// then, at most every second, the forgetting of users offline for
+// then, at most every forgetPace, the forgetting of users offline for
 // ForgetAfter (see forget).
 //
 // Every node sweeping every shard at each tick made Redis's work grow with

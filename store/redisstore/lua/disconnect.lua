@@ -2,7 +2,8 @@
 -- node's connection set, nc:<node> (KEYS[17]). ARGV: id, cause (0 closed,
 -- 1 expired, 2 lost), ttl ms, grace ms, user, node, known (1/0: the node held
 -- the connection, not merely tried to connect it), grace ms for a user Redis
--- lost (at least the hold-off).
+-- lost (at least the hold-off), ms since the node last heard from the
+-- connection (-1: not known; the last heartbeat batch counts).
 local id, cause, user, node = ARGV[1], tonumber(ARGV[2]), ARGV[5], ARGV[6]
 local uk, NC = given_user(user), KEYS[17]
 -- The keys declared are those of the connection's user and node: a record
@@ -30,7 +31,9 @@ end
 local ttl, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
 local given = function() return uk end
 local nc = function() return NC end
-if detach(id, cause, ttl, given, nc) then
+local heard
+if tonumber(ARGV[9]) >= 0 then heard = NOW_MS - tonumber(ARGV[9]) end
+if detach(id, cause, ttl, given, nc, heard) then
   if cause == 1 then
     -- The user's other connections on this node whose deadline has passed
     -- too are expiring at the same moment (the node reaps them in the same

@@ -201,8 +201,10 @@ end
 -- names the keys of the connection's user and nc_of(node) the set of the
 -- node holding it (nil: none): given keys for a script that declared them
 -- and checked they are the connection's, found ones for a script that
--- discovered the connection.
-local function detach(id, cause, ttl, keys_of, nc_of)
+-- discovered the connection. heard, when given: the connection's last sign
+-- of life (ms, Redis's clock) as its node knew it, which its last
+-- heartbeat batch may not have carried yet.
+local function detach(id, cause, ttl, keys_of, nc_of, heard)
   local user = redis.call('HGET', C, id)
   if not user then return nil end
   local uk = keys_of(user)
@@ -213,7 +215,7 @@ local function detach(id, cause, ttl, keys_of, nc_of)
     node = n or ''
   end
   local seen = num(redis.call('ZSCORE', DL, id)) - ttl
-  if cause == 0 then seen = NOW_MS end
+  if cause == 0 then seen = NOW_MS elseif heard then seen = heard end
   redis.call('HDEL', C, id)
   redis.call('HDEL', uk.uc, id)
   redis.call('ZREM', DL, id)
