@@ -210,9 +210,10 @@ func TestSmallHeartbeatBatchWaitsTheHold(t *testing.T) {
 	}
 }
 
-// A connection that drops is last seen at its last heartbeat as its node
-// heard it, though that heartbeat still waits in its batch: Redis's own
-// record (the last batch written, here 5 s back) would make it seconds
+// A connection that drops (Lost: the server's cause for a TCP connection
+// gone without a close frame) is last seen at its last heartbeat as its
+// node heard it, though that heartbeat still waits in its batch: Redis's
+// own record (the last batch written, here 5 s back) would make it seconds
 // early.
 func TestDroppedConnectionLastSeenAtItsLastHeartbeat(t *testing.T) {
 	ctx := context.Background()
@@ -226,7 +227,7 @@ func TestDroppedConnectionLastSeenAtItsLastHeartbeat(t *testing.T) {
 	}
 	heard := time.Now()
 	must(t, s.Heartbeat(ctx, "c1"))
-	must(t, s.Disconnect(ctx, "c1", presence.Expired))
+	must(t, s.Disconnect(ctx, "c1", presence.Lost))
 	after := time.Now()
 	ps, err := s.Presence(ctx, []string{"bob"})
 	must(t, err)
