@@ -259,7 +259,7 @@ func BenchmarkSweepNothingDue(b *testing.B) {
 				swept.Add(int64(len(out.Expired) + len(out.Changes)))
 			})
 			s.SetObserver(obs)
-			calls0 := evalshaCalls(b, r)
+			calls0 := commandCalls(b, r, "evalsha")
 			measure(b, r, 1, "op", func() {
 				for i := 0; i < b.N; i++ {
 					if _, err := s.sweepShards(ctx, all, time.Now()); err != nil {
@@ -270,7 +270,7 @@ func BenchmarkSweepNothingDue(b *testing.B) {
 			if n := swept.Load(); n != 0 {
 				b.Fatalf("the sweep found %d things due", n)
 			}
-			if got, want := evalshaCalls(b, r)-calls0, b.N*numShards; got < want {
+			if got, want := commandCalls(b, r, "evalsha")-calls0, b.N*numShards; got < want {
 				b.Fatalf("%d sweep scripts ran, want %d", got, want)
 			}
 		})
@@ -282,33 +282,15 @@ func BenchmarkSweepNothingDue(b *testing.B) {
 func BenchmarkBeat(b *testing.B) {
 	s, r := benchStore(b, 0)
 	ctx := context.Background()
-	calls0 := evalshaCalls(b, r)
+	calls0 := commandCalls(b, r, "evalsha")
 	measure(b, r, 1, "op", func() {
 		for i := 0; i < b.N; i++ {
 			s.beat(ctx, false)
 		}
 	})
-	if got, want := evalshaCalls(b, r)-calls0, b.N*numShards; got < want {
+	if got, want := commandCalls(b, r, "evalsha")-calls0, b.N*numShards; got < want {
 		b.Fatalf("%d beat scripts ran, want %d", got, want)
 	}
-}
-
-// evalshaCalls is how many EVALSHAs Redis has run so far.
-func evalshaCalls(b *testing.B, r *redistest.Server) int {
-	b.Helper()
-	info, err := r.Do("INFO", "commandstats")
-	if err != nil {
-		b.Fatal(err)
-	}
-	_, rest, ok := strings.Cut(info, "cmdstat_evalsha:calls=")
-	if !ok {
-		return 0
-	}
-	n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-	if err != nil {
-		b.Fatal(err)
-	}
-	return n
 }
 
 type observerFunc func(op string, out presence.Outcome, took time.Duration)

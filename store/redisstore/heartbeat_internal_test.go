@@ -81,7 +81,7 @@ func TestHeartbeatScriptReportsOnlyUnknownIDs(t *testing.T) {
 	for i := range 10 {
 		some = append(some, "k"+strconv.Itoa(i))
 	}
-	checks := zmscoreCalls(t, r)
+	checks := commandCalls(t, r, "zmscore")
 	v, err = run(ctx, s.rdb, s.sc.heartbeat, shardKeys(0)[:1], some...)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestHeartbeatScriptReportsOnlyUnknownIDs(t *testing.T) {
 	if m := asStrings(v); len(m) != 0 {
 		t.Fatalf("a batch of known ids reported %v unknown", m)
 	}
-	if n := zmscoreCalls(t, r) - checks; n != 0 {
+	if n := commandCalls(t, r, "zmscore") - checks; n != 0 {
 		t.Fatalf("a batch whose every deadline moved ran ZMSCORE %d times", n)
 	}
 	if got := zcard(t, r, dl); got != known {
@@ -110,20 +110,21 @@ func zcard(t *testing.T, r *redistest.Server, key string) int {
 	return n
 }
 
-// zmscoreCalls is how many ZMSCOREs Redis has run, scripts' included.
-func zmscoreCalls(t *testing.T, r *redistest.Server) int {
-	t.Helper()
+// commandCalls is how many times Redis has run cmd (lower case, as INFO
+// commandstats names it), scripts' calls included.
+func commandCalls(tb testing.TB, r *redistest.Server, cmd string) int {
+	tb.Helper()
 	info, err := r.Do("INFO", "commandstats")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	_, rest, ok := strings.Cut(info, "cmdstat_zmscore:calls=")
+	_, rest, ok := strings.Cut(info, "cmdstat_"+cmd+":calls=")
 	if !ok {
 		return 0
 	}
 	n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	return n
 }
