@@ -6,8 +6,9 @@ import (
 )
 
 // backlog is work that many goroutines add to and one loop takes whole: the
-// heartbeats heard since the last batch, the ends and the publishes to try
-// again. Each is its own type with its own lock, apart from the Store's.
+// ends and the publishes to try again, the statuses to send again. Each is
+// its own type with its own lock, apart from the Store's. (Heartbeats wait
+// per shard instead: beatBatches.)
 type backlog[T any] struct {
 	mu    sync.Mutex
 	items []T // guarded by mu
