@@ -233,8 +233,8 @@ func scriptBatch(b *testing.B, n int) {
 // BenchmarkSweepNothingDue: one op is a sweep of every shard (32 scripts
 // in one pipeline, as a node recovering sweeps, or a node that found a dead
 // one) while conns connections are live and nothing is due: what a shard's
-// owner pays at least every ownedSweepMax, and the others at each fallback
-// sweep. (Store.Sweep itself now sweeps no shard that has nothing due.)
+// owner pays at least every ownedSweepMax. (Store.Sweep itself now sweeps
+// no shard that has nothing due, nor another node's that is not stale.)
 func BenchmarkSweepNothingDue(b *testing.B) {
 	for _, conns := range []int{0, 1000} {
 		b.Run("conns="+strconv.Itoa(conns), func(b *testing.B) {

@@ -171,10 +171,13 @@ type Store struct {
 	// membership may be the one from before the loss. See Intact.
 	awaitingResync atomic.Bool
 	forgetNext     atomic.Int64 // UnixNano before which Sweep does not forget (pacing only)
-	// owned: the shards (bit per shard) this node sweeps at every Sweep,
-	// shared out among the live nodes by the beats; the others it sweeps
-	// once per sweepFallback (see Sweep). All until the first beat says.
-	owned       atomic.Uint64
+	// owned: the shards (bit per shard) this node sweeps, shared out among
+	// the live nodes by the beats; the others it sweeps only when a beat
+	// found them stale (see Sweep). All until the first beat says.
+	owned atomic.Uint64
+	// stale: the shards (bit per shard) whose last sweep, by any node, a
+	// beat found older than staleSweep; the next Sweep takes them.
+	stale       atomic.Uint64
 	lastSwept   [numShards]atomic.Int64 // UnixNano of this node's last sweep of each shard
 	sweepDue    [numShards]atomic.Int64 // UnixNano when an owned shard's next claim falls due (sweep.lua)
 	onBroadcast atomic.Pointer[func([]byte)]

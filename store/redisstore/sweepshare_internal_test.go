@@ -34,11 +34,11 @@ func expectShared(t *testing.T, nodes ...*Store) {
 }
 
 // The live nodes share the shards out for sweeping; when one stops, the
-// others take its shards over, and until then they still sweep them: a
-// connection of a node that died is released by the others' sweeps.
+// others take its shards over, and until then their beats find its shards
+// stale and they sweep them: a connection of a node that died is released
+// by the others' sweeps.
 func TestSweepsSharedOutAmongLiveNodes(t *testing.T) {
 	r := redistest.Start(t)
-	// A fallback of half a second: two sweeps in a row never see it due.
 	node := func(name string) (*Store, *rec) {
 		return mkWith(t, Config{URL: r.URL(), Node: name, TTL: time.Second,
 			NodeTTL: 1500 * time.Millisecond, HoldOff: 300 * time.Millisecond})
@@ -53,54 +53,10 @@ func TestSweepsSharedOutAmongLiveNodes(t *testing.T) {
 		}
 	}
 
-	// Its own shards when their next claim falls due, and at least every
-	// ownedSweepMax; the others once per fallback, which is longer. Idle
-	// shards (the beats are the only thing due, a node ttl after each) are
-	// not swept again at once, and all of a's own come round before any of
-	// the others.
-	ctx := context.Background()
-	must(t, a.Sweep(ctx))
-	for checked := false; !checked; {
-		owned := a.owned.Load()
-		var before [numShards]int64
-		for sh := range before {
-			before[sh] = a.lastSwept[sh].Load()
-		}
-		must(t, a.Sweep(ctx))
-		if a.owned.Load() != owned {
-			continue // a beat shared the shards out anew meanwhile: again
-		}
-		for sh := range numShards {
-			if a.lastSwept[sh].Load() != before[sh] {
-				t.Fatalf("shard %d (owned by a: %v) swept again at once with nothing due", sh, owned&(1<<sh) != 0)
-			}
-		}
-		testwait.For(t, 5*time.Second, func() error {
-			must(t, a.Sweep(ctx))
-			var mine, others []int
-			for sh := range numShards {
-				if a.lastSwept[sh].Load() == before[sh] {
-					continue
-				}
-				if owned&(1<<sh) != 0 {
-					mine = append(mine, sh)
-				} else {
-					others = append(others, sh)
-				}
-			}
-			if len(others) > 0 && a.owned.Load() == owned {
-				t.Fatalf("shards %v not a's swept before a's own came round (%d of %d)", others, len(mine), bits.OnesCount64(owned))
-			}
-			if len(mine) < bits.OnesCount64(owned) {
-				return fmt.Errorf("a's own shards swept again: %d of %d", len(mine), bits.OnesCount64(owned))
-			}
-			return nil
-		})
-		checked = true
-	}
-
 	// c dies without a word: until the beats leave it out, a and b sweep
-	// its shards on the fallback, so its connection is released.
+	// its shards when their beats find them stale, so its connection is
+	// released.
+	ctx := context.Background()
 	must(t, c.AddMember(ctx, "t", "carol"))
 	must(t, c.Connect(ctx, presence.Conn{ID: "c1", UserID: "carol", Device: "web"}))
 	kill9(c)
@@ -115,6 +71,99 @@ func TestSweepsSharedOutAmongLiveNodes(t *testing.T) {
 		}
 		return fmt.Errorf("carol, on the dead node c, not offline yet: %v", hb.hist())
 	})
+}
+
+// A node sweeps its own shards when due and at least every ownedSweepMax,
+// and another node's shard only when its beat into it found the shard's
+// last sweep, by any node, older than staleSweep: the sweeps do not grow
+// with the nodes. The beats here are the test's (a node ttl of a minute
+// keeps the stores' own 20 s apart).
+func TestSweepsAnotherNodesShardOnlyWhenStale(t *testing.T) {
+	r := redistest.Start(t)
+	node := func(name string) *Store {
+		s, _ := mkWith(t, Config{URL: r.URL(), Node: name, TTL: 10 * time.Second,
+			NodeTTL: time.Minute, HoldOff: 300 * time.Millisecond})
+		return s
+	}
+	a, b := node("a"), node("b")
+	ctx := context.Background()
+	a.beat(ctx, false) // a counts b now
+	expectShared(t, a, b)
+	owned := a.owned.Load()
+	// A sweep of a's own shards just now: none is due again for a while.
+	refreshed := time.Now()
+	if _, err := a.sweepShards(ctx, ownedList(owned), refreshed); err != nil {
+		t.Fatal(err)
+	}
+	theirs := ownedList(allShards &^ owned)
+	// b's shards: the first last swept a node ttl ago (stale), the second
+	// a second ago (fresh: b keeps it); the rest as b's start left them.
+	staleSh, freshSh := theirs[0], theirs[1]
+	now := redisMS(t, r)
+	if _, err := r.Do("SET", shardKeys(staleSh)[5], strconv.FormatInt(now-a.staleSweep().Milliseconds()-1000, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Do("SET", shardKeys(freshSh)[5], strconv.FormatInt(now-1000, 10)); err != nil {
+		t.Fatal(err)
+	}
+	a.stale.Store(0)
+	a.beat(ctx, false)
+	if got := a.stale.Load(); got != 1<<staleSh {
+		t.Fatalf("a's beat found shards %032b stale, want only %d (%032b)", got, staleSh, uint64(1)<<staleSh)
+	}
+
+	var before [numShards]int64
+	for sh := range before {
+		before[sh] = a.lastSwept[sh].Load()
+	}
+	must(t, a.Sweep(ctx))
+	for sh := range numShards {
+		swept := a.lastSwept[sh].Load() != before[sh]
+		switch {
+		case sh == staleSh && !swept:
+			t.Fatalf("b's stale shard %d not swept by a", sh)
+		case sh != staleSh && owned&(1<<sh) == 0 && swept:
+			t.Fatalf("b's shard %d swept by a, although b keeps it swept", sh)
+		case owned&(1<<sh) != 0 && swept && time.Since(refreshed) < a.ownedSweepMax():
+			t.Fatalf("a's shard %d swept again at once with nothing due", sh)
+		}
+	}
+	if v, err := r.Do("GET", shardKeys(staleSh)[5]); err != nil || v == "" {
+		t.Fatalf("shard %d's last sweep: %q %v", staleSh, v, err)
+	} else if at, _ := strconv.ParseInt(v, 10, 64); at < now {
+		t.Fatalf("shard %d's last sweep %d, before the test's beat at %d", staleSh, at, now)
+	}
+	// The stale mark is taken once: the next Sweep leaves b's shards alone.
+	for sh := range before {
+		before[sh] = a.lastSwept[sh].Load()
+	}
+	must(t, a.Sweep(ctx))
+	for _, sh := range theirs {
+		if a.lastSwept[sh].Load() != before[sh] {
+			t.Fatalf("b's shard %d swept again by a", sh)
+		}
+	}
+	// a's own come round within ownedSweepMax (a second here).
+	testwait.For(t, 5*time.Second, func() error {
+		must(t, a.Sweep(ctx))
+		for sh := range numShards {
+			if owned&(1<<sh) != 0 && a.lastSwept[sh].Load() == before[sh] {
+				return fmt.Errorf("a's own shard %d not swept again yet", sh)
+			}
+		}
+		return nil
+	})
+}
+
+// ownedList lists the shards of a bit set.
+func ownedList(set uint64) []int {
+	var shards []int
+	for sh := range numShards {
+		if set&(1<<sh) != 0 {
+			shards = append(shards, sh)
+		}
+	}
+	return shards
 }
 
 // redisMS is Redis's clock, in ms.
