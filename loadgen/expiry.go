@@ -1,8 +1,10 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -35,6 +37,14 @@ type expiryWorker struct {
 
 	lag                      syncHist
 	pairs, unexpected, early atomic.Int64
+	// Per viewer and frozen subject, an offline counts once: a second is a
+	// duplicate, and one a viewer learns from the snapshot of a reconnect
+	// (it dropped meanwhile) is counted apart, not as missing.
+	duplicates, fromSnapshot atomic.Int64
+	armed                    atomic.Bool // connected: a viewer's drop from now on counts
+	drops                    atomic.Int64
+	dropMu                   sync.Mutex
+	dropReason               string // the first drop's
 }
 
 func newExpiryWorker(env *workerEnv) handler {
@@ -66,18 +76,23 @@ type freezeReply struct {
 }
 
 type expiryReply struct {
-	Expected   int       `json:"expected"` // viewer × frozen subject pairs
-	Got        int64     `json:"got"`
-	Lag        Histogram `json:"lag"`   // every receipt, past last frame + ttl + grace
-	First      Histogram `json:"first"` // per subject, the first receipt
-	Unexpected int64     `json:"unexpected"`
-	Early      int64     `json:"early"` // receipts before last frame + ttl + grace
+	Expected     int       `json:"expected"` // viewer × frozen subject pairs
+	Got          int64     `json:"got"`
+	Lag          Histogram `json:"lag"`   // every receipt, past last frame + ttl + grace
+	First        Histogram `json:"first"` // per subject, the first receipt
+	Unexpected   int64     `json:"unexpected"`
+	Early        int64     `json:"early"` // receipts before last frame + ttl + grace
+	Duplicates   int64     `json:"duplicates"`
+	FromSnapshot int64     `json:"from_snapshot"` // offlines a reconnected viewer's snapshot gave
+	Drops        int64     `json:"drops"`         // viewer connections that ended under the run
+	DropReason   string    `json:"drop_reason,omitempty"`
 }
 
 func (w *expiryWorker) handle(ctx context.Context, op string, raw json.RawMessage) (any, error) {
 	switch op {
 	case "connect":
 		r := connectAll(ctx, w.env, w.ms, w.options)
+		w.armed.Store(true)
 		w.ttl = time.Duration(r.TTLMS) * time.Millisecond
 		for _, m := range w.ms {
 			if _, subject := w.subjects[m.user]; !subject && m.c != nil {
@@ -98,6 +113,7 @@ func (w *expiryWorker) handle(ctx context.Context, op string, raw json.RawMessag
 		}
 		return w.await(ctx, time.Duration(a.TimeoutMS)*time.Millisecond), nil
 	case "close":
+		w.armed.Store(false)
 		closeAll(w.ms)
 		return struct{}{}, nil
 	}
@@ -110,8 +126,24 @@ func (w *expiryWorker) options(m *member) client.Options {
 		return co
 	}
 	grace := w.env.o.Grace
+	counting := co.OnStateChange
+	co.OnStateChange = func(sc client.StateChange) {
+		counting(sc)
+		if sc.State == client.Disconnected && w.armed.Load() {
+			if w.drops.Add(1) == 1 {
+				w.dropMu.Lock()
+				w.dropReason = fmt.Sprintf("%s: close code %d, %v", m.user, sc.CloseCode, sc.Err)
+				w.dropMu.Unlock()
+			}
+		}
+	}
+	seen := map[string]bool{} // frozen subjects whose offline this viewer got; its reader's alone
 	co.OnChange = func(ch client.Change) {
 		if ch.FromSnapshot {
+			if s := w.subjects[ch.UserID]; ch.State == protocol.StateOffline && s != nil && s.lastAt.Load() != 0 && !seen[ch.UserID] {
+				seen[ch.UserID] = true
+				w.fromSnapshot.Add(1)
+			}
 			return
 		}
 		w.env.ctr.changes.Add(1)
@@ -123,6 +155,11 @@ func (w *expiryWorker) options(m *member) client.Options {
 			w.unexpected.Add(1)
 			return
 		}
+		if seen[ch.UserID] {
+			w.duplicates.Add(1)
+			return
+		}
+		seen[ch.UserID] = true
 		due := time.Unix(0, s.lastAt.Load()).Add(w.ttl + grace)
 		lag := ch.Received.Sub(due)
 		if lag < 0 {
@@ -179,9 +216,15 @@ func (w *expiryWorker) await(ctx context.Context, limit time.Duration) expiryRep
 		}
 	}
 	deadline := time.Now().Add(limit)
-	for w.pairs.Load() < int64(r.Expected) && time.Now().Before(deadline) && sleepCtx(ctx, 20*time.Millisecond) {
+	for w.pairs.Load()+w.fromSnapshot.Load() < int64(r.Expected) && time.Now().Before(deadline) && sleepCtx(ctx, 20*time.Millisecond) {
 	}
 	r.Got = w.pairs.Load()
+	r.FromSnapshot = w.fromSnapshot.Load()
+	r.Duplicates = w.duplicates.Load()
+	r.Drops = w.drops.Load()
+	w.dropMu.Lock()
+	r.DropReason = w.dropReason
+	w.dropMu.Unlock()
 	r.Lag = w.lag.take()
 	for _, s := range w.subjects {
 		if first, last := s.firstAt.Load(), s.lastAt.Load(); first != 0 {
@@ -237,6 +280,10 @@ func driveExpiry(ctx context.Context, d *driver) error {
 		t.First.Merge(x.First)
 		t.Unexpected += x.Unexpected
 		t.Early += x.Early
+		t.Duplicates += x.Duplicates
+		t.FromSnapshot += x.FromSnapshot
+		t.Drops += x.Drops
+		t.DropReason = cmp.Or(t.DropReason, x.DropReason)
 	}
 	delta := s2.Sub(s1)
 	res := d.res
@@ -250,13 +297,21 @@ func driveExpiry(ctx context.Context, d *driver) error {
 	res.add("server_detection_p99_ms", "server's own expiry lag p99 (histogram)", delta.HistQuantile(mDetection, 0.99)*1000, "ms")
 	res.add("expirations", "expirations counted by the servers", delta.Get(mExpirations), "")
 	res.add("offlines_expected", "offline deliveries expected", float64(t.Expected), "")
-	res.add("offlines_missing", "offline deliveries missing", float64(int64(t.Expected)-t.Got), "")
+	res.add("offlines_missing", "offline deliveries missing (neither sent nor in a reconnect's snapshot)", float64(int64(t.Expected)-t.Got-t.FromSnapshot), "")
+	res.goal(0, false, "0")
+	res.add("offlines_from_snapshot", "offlines a viewer learned from its reconnect's snapshot", float64(t.FromSnapshot), "")
+	res.add("offlines_duplicate", "offlines delivered twice to a viewer", float64(t.Duplicates), "")
+	res.goal(0, false, "0")
+	res.add("viewer_drops", "viewer connections that ended under the load generator", float64(t.Drops), "")
 	res.goal(0, false, "0")
 	res.add("offlines_unexpected", "offlines of users who did not freeze", float64(t.Unexpected), "")
 	res.goal(0, false, "0")
 	res.add("offlines_early", "offlines before ttl + grace", float64(t.Early), "")
 	res.goal(0, false, "0")
 	res.serverFigures(s1, s2)
+	if t.Drops > 0 {
+		res.note("%d viewer connections ended before the run closed them; the first: %s", t.Drops, t.DropReason)
+	}
 	if fr.Failed > 0 {
 		res.note("%d subjects' last ping failed before they froze", fr.Failed)
 	}

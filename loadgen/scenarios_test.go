@@ -275,7 +275,7 @@ func TestScenarioExpiry(t *testing.T) {
 	}
 	fig(t, r, "lag_p99_ms")
 	expectPositive(t, r, "lag_max_ms")
-	expectZero(t, r, "offlines_missing", "offlines_unexpected", "offlines_early")
+	expectZero(t, r, "offlines_missing", "offlines_unexpected", "offlines_early", "offlines_duplicate", "viewer_drops", "offlines_from_snapshot")
 }
 
 func TestScenarioStorm(t *testing.T) {
