@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -274,6 +276,72 @@ func TestSilentServerIsLeft(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A write that cannot go through within WriteTimeout (the path is stuck)
+// ends the connection with ErrWriteTimeout as its cause, not with the
+// reader's "use of closed network connection" once the connection closed;
+// the client reconnects.
+func TestStuckWriteEndsWithWriteTimeout(t *testing.T) {
+	fs := newFakeServer(t, func(n int, c *fakeConn) {
+		c.hello(20, 60000)
+		c.drain()
+	})
+	var dials atomic.Int64
+	stuck := &stuckConns{}
+	opts := testOptions(t, "alice")
+	opts.WriteTimeout = 200 * time.Millisecond
+	opts.HTTPClient = &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil || dials.Add(1) > 1 {
+				return conn, err
+			}
+			return stuck.wrap(conn), nil // the first connection's writes get stuck
+		},
+	}}
+	var rec recorder
+	rec.hook(&opts)
+	dial(t, fs.url(), opts)
+	stuck.set()
+	checkFor(t, 5*time.Second, func() error {
+		if fs.connections() < 2 || !rec.endedWith(ErrWriteTimeout) {
+			return fmt.Errorf("%d connections, ends %v: want one ended by ErrWriteTimeout, then a reconnect", fs.connections(), rec.endings())
+		}
+		return nil
+	})
+}
+
+// stuckConns makes the writes of the connections it wraps block, once set,
+// until the connection is closed.
+type stuckConns struct {
+	stuck atomic.Bool
+}
+
+func (s *stuckConns) set() { s.stuck.Store(true) }
+
+func (s *stuckConns) wrap(c net.Conn) net.Conn {
+	return &stuckConn{Conn: c, s: s, closed: make(chan struct{})}
+}
+
+type stuckConn struct {
+	net.Conn
+	s      *stuckConns
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *stuckConn) Write(p []byte) (int, error) {
+	if c.s.stuck.Load() {
+		<-c.closed
+		return 0, net.ErrClosed
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *stuckConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
 }
 
 // TestHeartbeatsProbeOnlyAfterQuiet: a heartbeat asks for an ack only when

@@ -22,4 +22,8 @@ var (
 	// server's ttl although heartbeats asked for acks: the server or the
 	// path to it is gone without a close.
 	ErrServerSilent = errors.New("client: server silent")
+	// ErrWriteTimeout ends a connection on which a frame could not be
+	// written within Options.WriteTimeout: the server stopped reading, or
+	// the path to it is stuck.
+	ErrWriteTimeout = errors.New("client: write timed out")
 )

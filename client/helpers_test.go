@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -294,6 +295,13 @@ func (r *recorder) closeCodes() []int {
 		out = append(out, int(websocket.CloseStatus(err)))
 	}
 	return out
+}
+
+// endings lists how the connections ended so far.
+func (r *recorder) endings() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ends)
 }
 
 func (r *recorder) endedWith(target error) bool {

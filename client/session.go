@@ -503,14 +503,24 @@ func (s *session) writeLoop() {
 	}
 }
 
-// write writes one frame, unless the client is frozen.
+// write writes one frame, unless the client is frozen. A write that takes
+// longer than WriteTimeout ends the session with ErrWriteTimeout as its
+// cause, set before the connection closes: a deadline on the write's
+// context would have the library close it first, and the reader's "use of
+// closed network connection" would stand as the cause instead.
 func (s *session) write(typ string, data []byte) error {
 	if s.c.isFrozen() {
 		return ErrFrozen
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.c.opts.WriteTimeout)
-	defer cancel()
-	if err := s.conn.Write(ctx, websocket.MessageText, data); err != nil {
+	t := time.AfterFunc(s.c.opts.WriteTimeout, func() {
+		s.fail(fmt.Errorf("client: writing %s: %w after %v", typ, ErrWriteTimeout, s.c.opts.WriteTimeout))
+	})
+	err := s.conn.Write(s.ctx, websocket.MessageText, data)
+	t.Stop()
+	if err != nil {
+		if cause := context.Cause(s.ctx); errors.Is(cause, ErrWriteTimeout) {
+			return cause
+		}
 		return fmt.Errorf("client: writing %s: %w", typ, err)
 	}
 	if h := s.c.opts.hooks.onSend; h != nil {
