@@ -256,28 +256,21 @@ func (s *Store) beat(ctx context.Context, leaving bool) {
 	all, errs := s.evalMany(ctx, s.sc.beat, calls)
 	var replies []any
 	var err error
-	var stale uint64
 	crashed := false // an earlier process under this id beat, and did not leave
 	for sh, e := range errs {
 		if e != nil {
 			err = cmp.Or(err, e)
-			continue // its share stays as it was; the fallback sweeps cover it
+			continue // its share stays as it was; stale shards are found by Sweep
 		}
 		r, _ := all[sh].([]any)
-		if len(r) != 5 {
+		if len(r) != 4 {
 			err = cmp.Or(err, fmt.Errorf("beat reply %v", all[sh]))
 			continue
 		}
 		replies = append(replies, r[0])
 		crashed = crashed || toInt(r[3]) == 1
 		s.share(sh, toInt(r[1]), toInt(r[2]))
-		if swept := toInt(r[4]); !leaving && (swept < 0 || swept > s.staleSweep().Milliseconds()) {
-			stale |= 1 << sh
-		}
 	}
-	// Shards their owner let go stale (it died, or the nodes' views of who
-	// owns what differ for a beat): the next Sweep sweeps them, owned or not.
-	s.stale.Or(stale)
 	if err != nil {
 		s.m.errors.WithLabelValues("beat").Inc()
 		if lostContact(err) {

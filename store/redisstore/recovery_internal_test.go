@@ -43,9 +43,17 @@ func TestLossHoldOffLastsWhileANodeRestores(t *testing.T) {
 	}
 
 	must(t, b.recover(ctx))
-	b.lostData.Store(false) // as the health check does once recover succeeds
+	// As the health check does once recover succeeds: b resyncs a hold-off
+	// later (not this test's), and sweeps every shard until then.
+	b.healthy.Store(true)
+	b.lostData.Store(false)
+	b.awaitingResync.Store(true)
+	// a marked b's shards emptied while it swept them all; it must not
+	// refuse connects (Intact) for ever after, though b keeps them swept and
+	// a has no cause to sweep them as stale.
 	testwait.For(t, 3*pairHoldOff, func() error {
 		b.beat(ctx, false)
+		_ = b.Sweep(ctx)
 		_ = a.Sweep(ctx)
 		ps, err := a.WholeStates(ctx, []string{"bob"})
 		if err != nil {
@@ -53,6 +61,9 @@ func TestLossHoldOffLastsWhileANodeRestores(t *testing.T) {
 		}
 		if ps[0].State != presence.Online {
 			return fmt.Errorf("bob = %+v, want online", ps[0])
+		}
+		if err := a.Intact(); err != nil {
+			return fmt.Errorf("a: %w (shards marked emptied %032b)", err, a.emptied.Load())
 		}
 		return nil
 	})

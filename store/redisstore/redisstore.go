@@ -172,22 +172,24 @@ type Store struct {
 	awaitingResync atomic.Bool
 	forgetNext     atomic.Int64 // UnixNano before which Sweep does not forget (pacing only)
 	// owned: the shards (bit per shard) this node sweeps, shared out among
-	// the live nodes by the beats; the others it sweeps only when a beat
-	// found them stale (see Sweep). All until the first beat says.
+	// the live nodes by the beats; the others it sweeps only when their
+	// sweep record stands still (see Sweep). All until the first beat says.
 	owned atomic.Uint64
-	// stale: the shards (bit per shard) whose last sweep, by any node, a
-	// beat found older than staleSweep; the next Sweep takes them.
-	stale       atomic.Uint64
-	lastSwept   [numShards]atomic.Int64 // UnixNano of this node's last sweep of each shard
-	sweepDue    [numShards]atomic.Int64 // UnixNano when an owned shard's next claim falls due (sweep.lua)
-	onBroadcast atomic.Pointer[func([]byte)]
-	countsSet   atomic.Bool   // this node set channel counts: Close removes them
-	stop        chan struct{} // closed by Close; never sent on
-	epoch       time.Time     // clockMS counts from it
-	wg          sync.WaitGroup
-	closed      atomic.Bool
-	deferMu     sync.Mutex   // orders deferMembership's wg.Add before Close's Wait
-	graceSweeps atomic.Int64 // sweeps at a grace end (sweepAtGraceEnd) run
+	// staleChecked: UnixNano of the last look at the others' sweep records
+	// (staleShards); records: what it saw, under recordsMu.
+	staleChecked atomic.Int64
+	recordsMu    sync.Mutex
+	records      [numShards]sweepRecord
+	lastSwept    [numShards]atomic.Int64 // UnixNano of this node's last sweep of each shard
+	sweepDue     [numShards]atomic.Int64 // UnixNano when an owned shard's next claim falls due (sweep.lua)
+	onBroadcast  atomic.Pointer[func([]byte)]
+	countsSet    atomic.Bool   // this node set channel counts: Close removes them
+	stop         chan struct{} // closed by Close; never sent on
+	epoch        time.Time     // clockMS counts from it
+	wg           sync.WaitGroup
+	closed       atomic.Bool
+	deferMu      sync.Mutex   // orders deferMembership's wg.Add before Close's Wait
+	graceSweeps  atomic.Int64 // sweeps at a grace end (sweepAtGraceEnd) run
 	// deferWaiting, when set (tests only), is called as a deferred
 	// membership event starts waiting for a whole read.
 	deferWaiting func(team, user string)

@@ -4,10 +4,13 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/greendot/greendot/store"
 )
@@ -23,16 +26,18 @@ const allShards = 1<<numShards - 1
 // the nodes (32 scripts per node every 100 ms, the bulk of an idle
 // cluster's Redis CPU). The live nodes share the shards out instead (the
 // beats rank them, by name, in each shard): a node sweeps its own, and
-// another's only when its beat into that shard found the shard's last
-// sweep, by any node, older than staleSweep. Then the owner died, or the
-// nodes' views of who owns what differ for a beat (a node coming, not
-// counted by all yet). So no shard goes unswept for long, well within the
-// gap that starts a hold-off (two thirds of the node ttl), and the sweeps
-// do not grow with the nodes: a fallback sweep of every other shard once a
-// second by each node was, at six nodes, 160 of 405 script calls a second.
+// another's only when the shard's sweep record (LS, written by every sweep
+// of any node) has stood still for staleSweep by this node's clock: its
+// owner died, or the nodes' views of who owns what differ for a beat (a
+// node coming, not counted by all yet). So no shard goes unswept for long,
+// well within the gap that starts a hold-off (two thirds of the node ttl),
+// and the sweeps do not grow with the nodes: a fallback sweep of every
+// other shard once a second by each node was, at six nodes, 160 of 405
+// script calls a second. Reading the records is a pipeline of plain GETs
+// every staleCheckEvery, a few µs of Redis a shard rather than a script.
 //
-// A dead node's shards do not wait for that fallback: its connections there
-// would count for their users up to a fallback longer than elsewhere. The
+// A dead node's shards do not wait to be found stale: its connections
+// there would count for their users longer than elsewhere. The
 // dead node is in the liveness set of every shard, this node's own among
 // them, so this node's first sweep after the lapse finds it; that sweep
 // ranks it out (sweep.lua replies with this node's new rank) and sweeps
@@ -49,12 +54,19 @@ const allShards = 1<<numShards - 1
 func (s *Store) Sweep(ctx context.Context) error {
 	start := time.Now()
 	every := !s.healthy.Load() || s.lostData.Load() || s.awaitingResync.Load()
-	owned, stale := s.owned.Load(), s.stale.Swap(0)
+	owned, emptied := s.owned.Load(), s.emptied.Load()
+	var stale uint64
+	if !every {
+		stale = s.staleShards(ctx, owned, start)
+	}
 	old := start.Add(-s.ownedSweepMax()).UnixNano()
 	var shards, rest []int
 	for sh := range numShards {
-		mine := owned&(1<<sh) != 0 && (s.sweepDue[sh].Load() <= start.UnixNano() || s.lastSwept[sh].Load() <= old)
-		if every || mine || stale&(1<<sh) != 0 {
+		bit := uint64(1) << sh
+		due := s.sweepDue[sh].Load() <= start.UnixNano() || s.lastSwept[sh].Load() <= old
+		// A loss's mark on another node's shard clears only with a sweep
+		// of it by this node (Intact refuses reads until then).
+		if every || owned&bit != 0 && due || stale&bit != 0 || emptied&bit != 0 && due {
 			shards = append(shards, sh)
 		} else {
 			rest = append(rest, sh)
@@ -78,7 +90,7 @@ func (s *Store) Sweep(ctx context.Context) error {
 // share takes shard sh as this node's to sweep, or leaves it, by the
 // shard's own view of the live nodes (beat.lua, sweep.lua): shard sh goes
 // to the node ranked sh mod live. Views that differ for a moment (a node
-// coming) leave a shard to two nodes, or to the others' fallback sweeps.
+// coming) leave a shard to two nodes, or to the others once it is stale.
 func (s *Store) share(sh int, live, rank int64) {
 	bit := uint64(1) << sh
 	if live <= 1 || (rank >= 0 && int64(sh)%live == rank) {
@@ -88,11 +100,70 @@ func (s *Store) share(sh int, live, rank int64) {
 	}
 }
 
-// staleSweep is how long ago a shard's last sweep may be before a node's
-// beat has the node sweep it, owned or not: past its owner's ownedSweepMax
-// (a sixth of the node ttl) and a tick, yet with a beat (a third) on top
-// still short of the gap that starts a hold-off (two thirds).
-func (s *Store) staleSweep() time.Duration { return s.cfg.NodeTTL * 2 / 9 }
+// staleSweep is how long another node's shard's sweep record may stand
+// still, as this node sees it, before this node sweeps the shard. Its owner
+// writes it every ownedSweepMax (a sixth of the node ttl) and a tick at
+// most, and this node sees a change up to a staleCheckEvery later: a third
+// leaves room for a late owner. Found at most a staleCheckEvery after that,
+// a shard is swept within half the node ttl of its last sweep, a sixth short
+// of the gap that starts a hold-off (two thirds).
+func (s *Store) staleSweep() time.Duration { return s.cfg.NodeTTL / 3 }
+
+// staleCheckEvery is how often a node reads the others' sweep records.
+func (s *Store) staleCheckEvery() time.Duration { return s.cfg.NodeTTL / 12 }
+
+// sweepRecord is a shard's sweep record (LS) as this node last read it,
+// and when it first read that value, on its monotonic clock (since epoch):
+// records are Redis's time, which this node's clock need not agree with.
+type sweepRecord struct {
+	value string
+	since time.Duration
+}
+
+// staleShards reads, at most every staleCheckEvery, the sweep records of
+// the shards this node does not own, in one pipeline, and returns those
+// whose record stood still for staleSweep, or that have none (never swept,
+// or emptied). A record it cannot read is judged at the next look.
+func (s *Store) staleShards(ctx context.Context, owned uint64, now time.Time) uint64 {
+	last := s.staleChecked.Load()
+	if now.UnixNano()-last < int64(s.staleCheckEvery()) || !s.staleChecked.CompareAndSwap(last, now.UnixNano()) {
+		return 0
+	}
+	var shards []int
+	for sh := range numShards {
+		if owned&(1<<sh) == 0 {
+			shards = append(shards, sh)
+		}
+	}
+	if len(shards) == 0 {
+		return 0
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(shards))
+	for i, sh := range shards {
+		cmds[i] = pipe.Get(ctx, shardKeys(sh)[5])
+	}
+	_, _ = pipe.Exec(ctx)
+	seen := time.Since(s.epoch)
+	s.recordsMu.Lock()
+	defer s.recordsMu.Unlock()
+	var stale uint64
+	for i, sh := range shards {
+		v, err := cmds[i].Result()
+		r := &s.records[sh]
+		switch {
+		case errors.Is(err, redis.Nil):
+			stale |= 1 << sh
+			*r = sweepRecord{}
+		case err != nil:
+		case v != r.value:
+			*r = sweepRecord{value: v, since: seen}
+		case seen-r.since > s.staleSweep():
+			stale |= 1 << sh
+		}
+	}
+	return stale
+}
 
 // ownedSweepMax is how long an owned shard goes unswept at most with
 // nothing due: what its last sweep could not see (a claim written since by

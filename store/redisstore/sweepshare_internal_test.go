@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -74,10 +75,11 @@ func TestSweepsSharedOutAmongLiveNodes(t *testing.T) {
 }
 
 // A node sweeps its own shards when due and at least every ownedSweepMax,
-// and another node's shard only when its beat into it found the shard's
-// last sweep, by any node, older than staleSweep: the sweeps do not grow
-// with the nodes. The beats here are the test's (a node ttl of a minute
-// keeps the stores' own 20 s apart).
+// and another node's shard only when its sweep record stood still for
+// staleSweep as this node saw it (or there is none): the sweeps do not
+// grow with the nodes. The test moves the records and this node's view of
+// their age itself (a node ttl of a minute: a look every 5 s, stale after
+// 20 s).
 func TestSweepsAnotherNodesShardOnlyWhenStale(t *testing.T) {
 	r := redistest.Start(t)
 	node := func(name string) *Store {
@@ -90,69 +92,162 @@ func TestSweepsAnotherNodesShardOnlyWhenStale(t *testing.T) {
 	a.beat(ctx, false) // a counts b now
 	expectShared(t, a, b)
 	owned := a.owned.Load()
-	// A sweep of a's own shards just now: none is due again for a while.
+	theirs := ownedList(allShards &^ owned)
+	look := func() uint64 {
+		a.staleChecked.Store(0)
+		return a.staleShards(ctx, owned, time.Now())
+	}
+	// A first look notes every record b's start wrote: none is stale.
+	if got := look(); got != 0 {
+		t.Fatalf("a's first look found shards %032b stale, want none", got)
+	}
+	// Then, a staleSweep later by a's clock: b swept one of its shards
+	// meanwhile (its record moved), one has no record (emptied), and the
+	// rest stood still.
+	moved, gone := theirs[0], theirs[1]
+	if _, err := r.Do("SET", shardKeys(moved)[5], strconv.FormatInt(redisMS(t, r)+1, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Do("DEL", shardKeys(gone)[5]); err != nil {
+		t.Fatal(err)
+	}
+	a.recordsMu.Lock()
+	for sh := range a.records {
+		a.records[sh].since -= a.staleSweep() + time.Second
+	}
+	a.recordsMu.Unlock()
+	want := uint64(allShards&^owned) &^ (1 << moved)
+	if got := look(); got != want {
+		t.Fatalf("a's look found shards %032b stale, want %032b (all of b's but %d, whose record moved)", got, want, moved)
+	}
+	// The moved record is stale only a staleSweep after a's look saw it move.
+	if got := look(); got&(1<<moved) != 0 {
+		t.Fatalf("shard %d stale right after its record moved", moved)
+	}
+
+	// A sweep takes the stale shards, and only them: a's own were swept
+	// just now and are not due.
 	refreshed := time.Now()
 	if _, err := a.sweepShards(ctx, ownedList(owned), refreshed); err != nil {
 		t.Fatal(err)
 	}
-	theirs := ownedList(allShards &^ owned)
-	// b's shards: the first last swept a node ttl ago (stale), the second
-	// a second ago (fresh: b keeps it); the rest as b's start left them.
-	staleSh, freshSh := theirs[0], theirs[1]
-	now := redisMS(t, r)
-	if _, err := r.Do("SET", shardKeys(staleSh)[5], strconv.FormatInt(now-a.staleSweep().Milliseconds()-1000, 10)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Do("SET", shardKeys(freshSh)[5], strconv.FormatInt(now-1000, 10)); err != nil {
-		t.Fatal(err)
-	}
-	a.stale.Store(0)
-	a.beat(ctx, false)
-	if got := a.stale.Load(); got != 1<<staleSh {
-		t.Fatalf("a's beat found shards %032b stale, want only %d (%032b)", got, staleSh, uint64(1)<<staleSh)
-	}
-
 	var before [numShards]int64
 	for sh := range before {
 		before[sh] = a.lastSwept[sh].Load()
 	}
+	a.recordsMu.Lock()
+	a.records[moved].since -= a.staleSweep() + time.Second // stale too now
+	a.recordsMu.Unlock()
+	a.staleChecked.Store(0)
 	must(t, a.Sweep(ctx))
 	for sh := range numShards {
 		swept := a.lastSwept[sh].Load() != before[sh]
 		switch {
-		case sh == staleSh && !swept:
+		case owned&(1<<sh) == 0 && !swept:
 			t.Fatalf("b's stale shard %d not swept by a", sh)
-		case sh != staleSh && owned&(1<<sh) == 0 && swept:
-			t.Fatalf("b's shard %d swept by a, although b keeps it swept", sh)
 		case owned&(1<<sh) != 0 && swept && time.Since(refreshed) < a.ownedSweepMax():
 			t.Fatalf("a's shard %d swept again at once with nothing due", sh)
 		}
 	}
-	if v, err := r.Do("GET", shardKeys(staleSh)[5]); err != nil || v == "" {
-		t.Fatalf("shard %d's last sweep: %q %v", staleSh, v, err)
-	} else if at, _ := strconv.ParseInt(v, 10, 64); at < now {
-		t.Fatalf("shard %d's last sweep %d, before the test's beat at %d", staleSh, at, now)
+	// Their records moved with that sweep: the next look finds none stale,
+	// and the next Sweep leaves b's shards alone.
+	if got := look(); got != 0 {
+		t.Fatalf("a's look after its sweep found shards %032b stale, want none", got)
 	}
-	// The stale mark is taken once: the next Sweep leaves b's shards alone.
 	for sh := range before {
 		before[sh] = a.lastSwept[sh].Load()
 	}
+	a.staleChecked.Store(0)
 	must(t, a.Sweep(ctx))
 	for _, sh := range theirs {
 		if a.lastSwept[sh].Load() != before[sh] {
 			t.Fatalf("b's shard %d swept again by a", sh)
 		}
 	}
-	// a's own come round within ownedSweepMax (a second here).
+}
+
+// A node killed without a word owned shards that nobody sweeps until a
+// sweep finds it dead, a node ttl after its last beat. The others find
+// their sweep records standing still and sweep them meanwhile, within the
+// gap that would start a hold-off: no shard holds off.
+func TestDeadOwnersShardsSweptBeforeAHoldOff(t *testing.T) {
+	r := redistest.Start(t)
+	node := func(name string) *Store {
+		s, _ := mkWith(t, Config{URL: r.URL(), Node: name, TTL: 20 * time.Second,
+			NodeTTL: 3 * time.Second, HoldOff: 5 * time.Second})
+		return s
+	}
+	a, b, c := node("a"), node("b"), node("c")
+	expectShared(t, a, b, c)
+	ctx := context.Background()
+	// The server's sweep tick, on each node; c's stops when it dies.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	tick := func(s *Store, done <-chan struct{}) {
+		defer wg.Done()
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-done:
+				return
+			case <-tk.C:
+				_ = s.Sweep(ctx)
+			}
+		}
+	}
+	cDone := make(chan struct{})
+	wg.Add(3)
+	go tick(a, nil)
+	go tick(b, nil)
+	go tick(c, cDone)
+	t.Cleanup(func() { close(stop); wg.Wait() })
+
+	// Once every shard was swept on the tick, kill c.
+	began := redisMS(t, r)
 	testwait.For(t, 5*time.Second, func() error {
-		must(t, a.Sweep(ctx))
 		for sh := range numShards {
-			if owned&(1<<sh) != 0 && a.lastSwept[sh].Load() == before[sh] {
-				return fmt.Errorf("a's own shard %d not swept again yet", sh)
+			v, err := r.Do("GET", shardKeys(sh)[5])
+			if err != nil {
+				return err
+			}
+			if at, _ := strconv.ParseInt(v, 10, 64); at <= began {
+				return fmt.Errorf("shard %d not swept on the tick yet", sh)
 			}
 		}
 		return nil
 	})
+	cOwned := c.owned.Load()
+	close(cDone)
+	kill9(c)
+	killed := redisMS(t, r)
+	expectShared(t, a, b)
+	// Once a and b own c's shards, each is swept at once and then by its
+	// new owner.
+	testwait.For(t, 5*time.Second, func() error {
+		for _, sh := range ownedList(cOwned) {
+			v, err := r.Do("GET", shardKeys(sh)[5])
+			if err != nil {
+				return err
+			}
+			if at, _ := strconv.ParseInt(v, 10, 64); at < killed+3000 {
+				return fmt.Errorf("shard %d last swept at %d, not yet a node ttl after c died at %d", sh, at, killed)
+			}
+		}
+		return nil
+	})
+	// A hold-off sets its end, a hold-off from its start.
+	for sh := range numShards {
+		v, err := r.Do("GET", shardKeys(sh)[6])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if end, _ := strconv.ParseInt(v, 10, 64); end >= killed+a.cfg.HoldOff.Milliseconds() {
+			t.Errorf("shard %d (c's: %v) held off until %d, after c was killed at %d", sh, cOwned&(1<<sh) != 0, end, killed)
+		}
+	}
 }
 
 // ownedList lists the shards of a bit set.
@@ -182,13 +277,13 @@ func redisMS(t *testing.T, r *redistest.Server) int64 {
 // node liveness of its last beat and one sweep tick, as when every node
 // swept every shard: by the first sweep after its liveness lapsed, also in
 // a shard that the sweeper owns neither before the death nor after, and
-// whose last fallback sweep came just before the lapse. That sweep finds
+// that it swept (found stale) just before the lapse. That sweep finds
 // the node dead in the sweeper's own shards, ranks it out and sweeps every
 // shard at once.
 func TestDeadNodeReleasedWithinOneTick(t *testing.T) {
 	r := redistest.Start(t)
 	const tick = 100 * time.Millisecond // the server's sweep interval
-	nodeTTL := 1500 * time.Millisecond  // a fallback of 500 ms
+	nodeTTL := 1500 * time.Millisecond  // stale after 500 ms
 	node := func(name string) (*Store, *rec) {
 		return mkWith(t, Config{URL: r.URL(), Node: name, TTL: 20 * time.Second,
 			NodeTTL: nodeTTL, HoldOff: 300 * time.Millisecond})
@@ -222,7 +317,7 @@ func TestDeadNodeReleasedWithinOneTick(t *testing.T) {
 	// a sweeps at the server's tick until c's connection is released (its
 	// first sweeps hold off: nobody swept since the stores started). Just
 	// before c's liveness lapses, a sweeps every shard once more: the worst
-	// phase for the fallback, which is then not due for 500 ms.
+	// phase, as none is stale again for 500 ms.
 	all := make([]int, numShards)
 	for i := range all {
 		all[i] = i

@@ -7,14 +7,12 @@
 -- liveness, kept in every shard (NODES) so each shard's sweep can judge it
 -- within its own slot. A leaving node is marked as long dead, so sweepers
 -- release whatever it still holds at once (and drop it once it holds
--- nothing). Returns {missing, live, rank, beating, swept}: missing is 1 when this node was
+-- nothing). Returns {missing, live, rank, beating}: missing is 1 when this node was
 -- missing from the shard (Redis lost its data, or the node was taken for
 -- dead and released; either way the node must re-assert its connections);
 -- live counts the nodes that beat within the node ttl, and rank is this
 -- node's place among them by name, from 0: the shards are shared out by it
--- for sweeping (loops.go); swept is how many ms ago the shard was last
--- swept by any node (-1: never), so that a node sweeps another's shard only
--- when its owner has let it go stale (sweep.go).
+-- for sweeping (loops.go).
 local NODES, LS, HO, EM = KEYS[3], KEYS[6], KEYS[7], KEYS[10]
 local t = redis.call('TIME')
 local NOW_MS = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -56,7 +54,4 @@ end
 -- leaving (loops.go, beat).
 local beating = 0
 if prev and tonumber(prev) > 0 then beating = 1 end
-local swept = -1
-local last = redis.call('GET', LS)
-if last then swept = math.max(0, NOW_MS - tonumber(last)) end
-return {missing, #live, rank, beating, swept}
+return {missing, #live, rank, beating}

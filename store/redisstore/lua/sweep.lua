@@ -98,8 +98,8 @@ end
 -- A node found dead is ranked out at once: the count of the nodes live here
 -- and the sweeper's rank among them by name (as beat.lua counts them) let
 -- the sweeper take its new share of the shards now, and sweep every shard
--- this once, rather than leave the dead node's shards to the fallback
--- sweeps until its next beat (sweep.go).
+-- this once, rather than leave the dead node's shards unowned until its
+-- next beat (sweep.go).
 if #dead > 0 then
   found = #dead / 2
   local nodes = redis.call('ZRANGEBYSCORE', NODES, '(' .. fmt(NOW_MS - nodettl), '+inf')
