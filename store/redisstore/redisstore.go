@@ -175,8 +175,9 @@ type Store struct {
 	// the live nodes by the beats; the others it sweeps only when their
 	// sweep record stands still (see Sweep). All until the first beat says.
 	owned atomic.Uint64
-	// staleChecked: UnixNano of the last look at the others' sweep records
-	// (staleShards); records: what it saw, under recordsMu.
+	// staleChecked: when this node last looked at the others' sweep records
+	// (staleShards), on its monotonic clock (since epoch; 0: never);
+	// records: what it knows of each, under recordsMu.
 	staleChecked atomic.Int64
 	recordsMu    sync.Mutex
 	records      [numShards]sweepRecord

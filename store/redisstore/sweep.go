@@ -57,7 +57,7 @@ func (s *Store) Sweep(ctx context.Context) error {
 	owned, emptied := s.owned.Load(), s.emptied.Load()
 	var stale uint64
 	if !every {
-		stale = s.staleShards(ctx, owned, start)
+		stale = s.staleShards(ctx, owned)
 	}
 	old := start.Add(-s.ownedSweepMax()).UnixNano()
 	var shards, rest []int
@@ -103,30 +103,48 @@ func (s *Store) share(sh int, live, rank int64) {
 // staleSweep is how long another node's shard's sweep record may stand
 // still, as this node sees it, before this node sweeps the shard. Its owner
 // writes it every ownedSweepMax (a sixth of the node ttl) and a tick at
-// most, and this node sees a change up to a staleCheckEvery later: a third
-// leaves room for a late owner. Found at most a staleCheckEvery after that,
-// a shard is swept within half the node ttl of its last sweep, a sixth short
-// of the gap that starts a hold-off (two thirds).
+// most, and this node sees a change up to a look later (staleCheckEvery
+// and a tick): a third leaves room for a late owner. Found at most a look
+// after that, a shard is swept within about half the node ttl of its last
+// sweep, short of the gap that starts a hold-off (two thirds).
 func (s *Store) staleSweep() time.Duration { return s.cfg.NodeTTL / 3 }
 
-// staleCheckEvery is how often a node reads the others' sweep records.
-func (s *Store) staleCheckEvery() time.Duration { return s.cfg.NodeTTL / 12 }
+// staleCheckEvery is how often a node reads the others' sweep records (at
+// the first Sweep that long after the last look).
+func (s *Store) staleCheckEvery() time.Duration { return s.cfg.NodeTTL / 15 }
 
-// sweepRecord is a shard's sweep record (LS) as this node last read it,
-// and when it first read that value, on its monotonic clock (since epoch):
-// records are Redis's time, which this node's clock need not agree with.
+// sweepRecord is a shard's sweep record (LS) as this node last knew it, and
+// since when, on the node's monotonic clock (since epoch): records are
+// Redis's time, which this node's clock need not agree with. mine: the
+// last this node knew of it is its own sweep, at since; the value it wrote
+// is read at the next look.
 type sweepRecord struct {
 	value string
 	since time.Duration
+	mine  bool
+}
+
+// sweptShards notes that this node swept shards from seen on: each one's
+// record is its own sweep's, at least as late as seen.
+func (s *Store) sweptShards(shards []int, seen time.Duration) {
+	s.recordsMu.Lock()
+	defer s.recordsMu.Unlock()
+	for _, sh := range shards {
+		s.records[sh] = sweepRecord{since: seen, mine: true}
+	}
 }
 
 // staleShards reads, at most every staleCheckEvery, the sweep records of
 // the shards this node does not own, in one pipeline, and returns those
 // whose record stood still for staleSweep, or that have none (never swept,
-// or emptied). A record it cannot read is judged at the next look.
-func (s *Store) staleShards(ctx context.Context, owned uint64, now time.Time) uint64 {
+// or emptied), or that this node sees for the first time (it starts, say,
+// with a dead node's shards unswept for who knows how long): a sweep of
+// those costs one script each, where waiting could let a gap start a
+// hold-off. A record it cannot read is judged at the next look.
+func (s *Store) staleShards(ctx context.Context, owned uint64) uint64 {
+	now := time.Since(s.epoch)
 	last := s.staleChecked.Load()
-	if now.UnixNano()-last < int64(s.staleCheckEvery()) || !s.staleChecked.CompareAndSwap(last, now.UnixNano()) {
+	if last != 0 && int64(now)-last < int64(s.staleCheckEvery()) || !s.staleChecked.CompareAndSwap(last, int64(now)) {
 		return 0
 	}
 	var shards []int
@@ -156,9 +174,17 @@ func (s *Store) staleShards(ctx context.Context, owned uint64, now time.Time) ui
 			stale |= 1 << sh
 			*r = sweepRecord{}
 		case err != nil:
+			continue
+		case r.mine:
+			// Its own sweep's, or a later one: no older than the sweep.
+			*r = sweepRecord{value: v, since: r.since}
+		case r.value == "":
+			stale |= 1 << sh
+			*r = sweepRecord{value: v, since: seen}
 		case v != r.value:
 			*r = sweepRecord{value: v, since: seen}
-		case seen-r.since > s.staleSweep():
+		}
+		if seen-r.since > s.staleSweep() {
 			stale |= 1 << sh
 		}
 	}
@@ -214,11 +240,14 @@ func (s *Store) sweepAfter(sh int, d time.Duration) {
 // some fail; dead: a sweep found a dead node (and took this node's new
 // share of its shard).
 func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) (dead bool, err error) {
+	seen := time.Since(s.epoch)
 	calls := make([]call, len(shards))
 	for i, sh := range shards {
 		calls[i] = s.sweepCall(sh)
 	}
 	replies, errs := s.evalMany(ctx, s.sc.sweep, calls)
+	var swept []int
+	defer func() { s.sweptShards(swept, seen) }()
 	newlyEmptied := false
 	crashed := false
 	defer func() {
@@ -239,6 +268,7 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 			continue
 		}
 		s.lastSwept[sh].Store(start.UnixNano())
+		swept = append(swept, sh)
 		if d := toInt(r[5]); d >= 0 {
 			s.sweepDue[sh].Store(start.Add(time.Duration(d) * time.Millisecond).UnixNano())
 		} else {

@@ -35,9 +35,9 @@ func expectShared(t *testing.T, nodes ...*Store) {
 }
 
 // The live nodes share the shards out for sweeping; when one stops, the
-// others take its shards over, and until then their beats find its shards
-// stale and they sweep them: a connection of a node that died is released
-// by the others' sweeps.
+// others take its shards over: a connection of a node that died is
+// released by the others' sweeps (TestDeadOwnersShardsSweptBeforeAHoldOff
+// has them sweep its shards meanwhile).
 func TestSweepsSharedOutAmongLiveNodes(t *testing.T) {
 	r := redistest.Start(t)
 	node := func(name string) (*Store, *rec) {
@@ -54,9 +54,8 @@ func TestSweepsSharedOutAmongLiveNodes(t *testing.T) {
 		}
 	}
 
-	// c dies without a word: until the beats leave it out, a and b sweep
-	// its shards when their beats find them stale, so its connection is
-	// released.
+	// c dies without a word: once the beats leave it out, a and b sweep
+	// its shards, so its connection is released.
 	ctx := context.Background()
 	must(t, c.AddMember(ctx, "t", "carol"))
 	must(t, c.Connect(ctx, presence.Conn{ID: "c1", UserID: "carol", Device: "web"}))
@@ -95,9 +94,10 @@ func TestSweepsAnotherNodesShardOnlyWhenStale(t *testing.T) {
 	theirs := ownedList(allShards &^ owned)
 	look := func() uint64 {
 		a.staleChecked.Store(0)
-		return a.staleShards(ctx, owned, time.Now())
+		return a.staleShards(ctx, owned)
 	}
-	// A first look notes every record b's start wrote: none is stale.
+	// A first look: every record is a's own sweep's (a swept them all at its
+	// start, alone), so none is stale.
 	if got := look(); got != 0 {
 		t.Fatalf("a's first look found shards %032b stale, want none", got)
 	}
@@ -125,6 +125,19 @@ func TestSweepsAnotherNodesShardOnlyWhenStale(t *testing.T) {
 		t.Fatalf("shard %d stale right after its record moved", moved)
 	}
 
+	// Records a node never saw (it just started) are stale at first sight:
+	// their owner may have died long ago.
+	a.recordsMu.Lock()
+	saved := a.records
+	a.records = [numShards]sweepRecord{}
+	a.recordsMu.Unlock()
+	if got, want := look(), uint64(allShards&^owned); got != want {
+		t.Fatalf("a's first look found shards %032b stale, want all of b's, %032b", got, want)
+	}
+	a.recordsMu.Lock()
+	a.records = saved
+	a.recordsMu.Unlock()
+
 	// A sweep takes the stale shards, and only them: a's own were swept
 	// just now and are not due.
 	refreshed := time.Now()
@@ -149,8 +162,21 @@ func TestSweepsAnotherNodesShardOnlyWhenStale(t *testing.T) {
 			t.Fatalf("a's shard %d swept again at once with nothing due", sh)
 		}
 	}
-	// Their records moved with that sweep: the next look finds none stale,
-	// and the next Sweep leaves b's shards alone.
+	// Their records are a's sweep's now, as old as that sweep: a staleSweep
+	// after it they are stale, even at the first look that reads them.
+	a.recordsMu.Lock()
+	saved = a.records
+	for _, sh := range theirs {
+		a.records[sh].since -= a.staleSweep() + time.Second
+	}
+	a.recordsMu.Unlock()
+	if got, want := look(), uint64(allShards&^owned); got != want {
+		t.Fatalf("a's look a staleSweep after its own sweep found shards %032b stale, want %032b", got, want)
+	}
+	// Just after it, none is, and the next Sweep leaves b's shards alone.
+	a.recordsMu.Lock()
+	a.records = saved
+	a.recordsMu.Unlock()
 	if got := look(); got != 0 {
 		t.Fatalf("a's look after its sweep found shards %032b stale, want none", got)
 	}
