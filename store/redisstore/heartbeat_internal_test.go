@@ -242,6 +242,34 @@ func TestDroppedConnectionLastSeenAtItsLastHeartbeat(t *testing.T) {
 	}
 }
 
+// A status frame is a sign of life too, as on the memory store: a
+// connection that drops after it is last seen then, not at its heartbeat
+// before (found by TestModelSingleServer: 55 ms apart).
+func TestDroppedConnectionLastSeenAtItsLastStatus(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", 4*time.Second, 0)
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	must(t, s.Heartbeat(ctx, "c1"))
+	// That heartbeat was a second ago, by this node's clock.
+	s.mu.Lock()
+	s.conns["c1"].heard -= 1000
+	s.mu.Unlock()
+	heard := time.Now()
+	must(t, s.SetStatus(ctx, "c1", false))
+	must(t, s.Disconnect(ctx, "c1", presence.Lost))
+	after := time.Now()
+	ps, err := s.Presence(ctx, []string{"bob"})
+	must(t, err)
+	if len(ps) != 1 {
+		t.Fatalf("presence of bob: %+v", ps)
+	}
+	if seen := ps[0].LastSeen; seen.Before(heard.Add(-2*time.Millisecond)) || seen.After(after.Add(2*time.Millisecond)) {
+		t.Fatalf("last seen %v, want between the status %v and the disconnect's end %v",
+			seen.Format(time.StampMilli), heard.Format(time.StampMilli), after.Format(time.StampMilli))
+	}
+}
+
 // An expiry ends with its connection the user's others on the node whose
 // deadline in Redis has passed (disconnect.lua): one whose heartbeat still
 // waits in its batch is alive, and stays. Its batch is written first.

@@ -99,7 +99,7 @@ type localConn struct {
 	active             bool
 	shard              uint8 // shardOf(user), kept: every heartbeat needs it
 	// heard is this node's clockMS at the connection's last sign of life
-	// (its connect, a Heartbeat): a connection that drops or expires is
+	// (its connect, a Heartbeat, a SetStatus): a connection that drops or expires is
 	// last seen then, not at its last heartbeat batch, which waits up to
 	// heartbeatHold. (32 bits fit the padding, so the entry stays 64 B.)
 	heard uint32
@@ -581,9 +581,11 @@ func (s *Store) Heartbeat(_ context.Context, connID string) error {
 	return nil
 }
 
-// SetStatus implements store.Tracker.
+// SetStatus implements store.Tracker. A status frame is a sign of life,
+// as a heartbeat is (the connection's last_seen if it drops).
 func (s *Store) SetStatus(ctx context.Context, connID string, active bool) error {
 	start := time.Now()
+	now := s.clockMS()
 	s.mu.Lock()
 	lc, ok := s.conns[connID]
 	var seq uint64
@@ -591,6 +593,7 @@ func (s *Store) SetStatus(ctx context.Context, connID string, active bool) error
 		lc.active = active
 		lc.statusSeq++
 		seq = lc.statusSeq
+		lc.heard = now
 	}
 	s.mu.Unlock()
 	if !ok {
