@@ -105,8 +105,8 @@ func (s *Store) share(sh int, live, rank int64) {
 // writes it every ownedSweepMax (a sixth of the node ttl) and a tick at
 // most, and this node sees a change up to a look later (staleCheckEvery
 // and a tick): a third leaves room for a late owner. Found at most a look
-// after that, a shard is swept within about half the node ttl of its last
-// sweep, short of the gap that starts a hold-off (two thirds).
+// after that, a shard is swept within about 0.55 of the node ttl of its
+// last sweep, short of the gap that starts a hold-off (two thirds).
 func (s *Store) staleSweep() time.Duration { return s.cfg.NodeTTL / 3 }
 
 // staleCheckEvery is how often a node reads the others' sweep records (at
@@ -115,23 +115,19 @@ func (s *Store) staleCheckEvery() time.Duration { return s.cfg.NodeTTL / 15 }
 
 // sweepRecord is a shard's sweep record (LS) as this node last knew it, and
 // since when, on the node's monotonic clock (since epoch): records are
-// Redis's time, which this node's clock need not agree with. mine: the
-// last this node knew of it is its own sweep, at since; the value it wrote
-// is read at the next look.
+// Redis's time, which this node's clock need not agree with.
 type sweepRecord struct {
 	value string
 	since time.Duration
-	mine  bool
 }
 
-// sweptShards notes that this node swept shards from seen on: each one's
-// record is its own sweep's, at least as late as seen.
-func (s *Store) sweptShards(shards []int, seen time.Duration) {
+// sweptShard notes that this node's sweep, begun at seen, wrote record in
+// shard sh: the record counts from then (the sweep replies with it, so a
+// later sweep by another node is told apart at the next look).
+func (s *Store) sweptShard(sh int, record string, seen time.Duration) {
 	s.recordsMu.Lock()
 	defer s.recordsMu.Unlock()
-	for _, sh := range shards {
-		s.records[sh] = sweepRecord{since: seen, mine: true}
-	}
+	s.records[sh] = sweepRecord{value: record, since: seen}
 }
 
 // staleShards reads, at most every staleCheckEvery, the sweep records of
@@ -175,9 +171,6 @@ func (s *Store) staleShards(ctx context.Context, owned uint64) uint64 {
 			*r = sweepRecord{}
 		case err != nil:
 			continue
-		case r.mine:
-			// Its own sweep's, or a later one: no older than the sweep.
-			*r = sweepRecord{value: v, since: r.since}
 		case r.value == "":
 			stale |= 1 << sh
 			*r = sweepRecord{value: v, since: seen}
@@ -246,8 +239,6 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 		calls[i] = s.sweepCall(sh)
 	}
 	replies, errs := s.evalMany(ctx, s.sc.sweep, calls)
-	var swept []int
-	defer func() { s.sweptShards(swept, seen) }()
 	newlyEmptied := false
 	crashed := false
 	defer func() {
@@ -263,12 +254,12 @@ func (s *Store) sweepShards(ctx context.Context, shards []int, start time.Time) 
 			continue
 		}
 		r, _ := v.([]any)
-		if len(r) != 7 {
+		if len(r) != 8 {
 			err = cmp.Or(err, fmt.Errorf("sweep reply %v", v))
 			continue
 		}
 		s.lastSwept[sh].Store(start.UnixNano())
-		swept = append(swept, sh)
+		s.sweptShard(sh, toString(r[7]), seen)
 		if d := toInt(r[5]); d >= 0 {
 			s.sweepDue[sh].Store(start.Add(time.Duration(d) * time.Millisecond).UnixNano())
 		} else {

@@ -96,8 +96,8 @@ func TestSweepsAnotherNodesShardOnlyWhenStale(t *testing.T) {
 		a.staleChecked.Store(0)
 		return a.staleShards(ctx, owned)
 	}
-	// A first look: every record is a's own sweep's (a swept them all at its
-	// start, alone), so none is stale.
+	// A first look: a knows every record (it swept them all at its start,
+	// alone; b's start swept them again since), so none is stale.
 	if got := look(); got != 0 {
 		t.Fatalf("a's first look found shards %032b stale, want none", got)
 	}

@@ -21,8 +21,10 @@ local found, live, rank, crashed = 0, 0, -1, {}
 -- refuse snapshots meanwhile), the outcome, then found, live and rank, in
 -- how many ms the shard's next claim falls due (its owner sweeps it then
 -- rather than every tick; -1: nothing is waiting; 0: sweep again at once,
--- as in a hold-off), and crashed.
-local function swept(due) return {redis.call('EXISTS', EM), reply(out), found, live, rank, due, crashed} end
+-- as in a hold-off), crashed, and the sweep record it wrote (LS: nodes
+-- judge others' shards stale by it, sweep.go).
+local record = fmt(NOW_MS)
+local function swept(due) return {redis.call('EXISTS', EM), reply(out), found, live, rank, due, crashed, record} end
 -- next_due: the earliest of a grace end, a status expiry, a deadline a ttl
 -- late (the safety net below) and a node's beat a node ttl old, in ms from
 -- now; -1 when the shard holds none of them.
@@ -53,7 +55,7 @@ end
 -- every live node has written its connections back, a grace that ends may
 -- be that of a user with a connection Redis does not know yet.
 local last = redis.call('GET', LS)
-redis.call('SET', LS, NOW_MS)
+redis.call('SET', LS, record)
 -- (Or a node's beat found it missing and said so in EM: beat.lua.)
 local emptied = not last and (ARGV[8] == '1' or not redis.call('ZSCORE', NODES, ARGV[7])
   or redis.call('EXISTS', EM) == 1)
