@@ -229,16 +229,22 @@ func TestDroppedConnectionLastSeenAtItsLastHeartbeat(t *testing.T) {
 	heard := time.Now()
 	must(t, s.Heartbeat(ctx, "c1"))
 	must(t, s.Disconnect(ctx, "c1", presence.Lost))
+	expectLastSeen(t, s, "bob", heard, "the heartbeat (the last batch was "+batch.Format(time.StampMilli)+")")
+}
+
+// expectLastSeen checks that user, whose connection ended just now, was
+// last seen between heard (what) and now, give or take Redis's ms.
+func expectLastSeen(t *testing.T, s *Store, user string, heard time.Time, what string) {
+	t.Helper()
 	after := time.Now()
-	ps, err := s.Presence(ctx, []string{"bob"})
+	ps, err := s.Presence(context.Background(), []string{user})
 	must(t, err)
 	if len(ps) != 1 {
-		t.Fatalf("presence of bob: %+v", ps)
+		t.Fatalf("presence of %s: %+v", user, ps)
 	}
-	seen := ps[0].LastSeen
-	if seen.Before(heard.Add(-2*time.Millisecond)) || seen.After(after.Add(2*time.Millisecond)) {
-		t.Fatalf("last seen %v, want between the heartbeat %v and the disconnect's end %v (the last batch was %v)",
-			seen.Format(time.StampMilli), heard.Format(time.StampMilli), after.Format(time.StampMilli), batch.Format(time.StampMilli))
+	if seen := ps[0].LastSeen; seen.Before(heard.Add(-2*time.Millisecond)) || seen.After(after.Add(2*time.Millisecond)) {
+		t.Fatalf("last seen %v, want between %s at %v and the disconnect's end %v",
+			seen.Format(time.StampMilli), what, heard.Format(time.StampMilli), after.Format(time.StampMilli))
 	}
 }
 
@@ -258,16 +264,7 @@ func TestDroppedConnectionLastSeenAtItsLastStatus(t *testing.T) {
 	heard := time.Now()
 	must(t, s.SetStatus(ctx, "c1", false))
 	must(t, s.Disconnect(ctx, "c1", presence.Lost))
-	after := time.Now()
-	ps, err := s.Presence(ctx, []string{"bob"})
-	must(t, err)
-	if len(ps) != 1 {
-		t.Fatalf("presence of bob: %+v", ps)
-	}
-	if seen := ps[0].LastSeen; seen.Before(heard.Add(-2*time.Millisecond)) || seen.After(after.Add(2*time.Millisecond)) {
-		t.Fatalf("last seen %v, want between the status %v and the disconnect's end %v",
-			seen.Format(time.StampMilli), heard.Format(time.StampMilli), after.Format(time.StampMilli))
-	}
+	expectLastSeen(t, s, "bob", heard, "the status")
 }
 
 // An expiry ends with its connection the user's others on the node whose

@@ -125,18 +125,24 @@ func TestSweepsAnotherNodesShardOnlyWhenStale(t *testing.T) {
 		t.Fatalf("shard %d stale right after its record moved", moved)
 	}
 
+	// lookAs looks with a's records edited first, and puts them back after.
+	lookAs := func(edit func(*[numShards]sweepRecord)) uint64 {
+		a.recordsMu.Lock()
+		saved := a.records
+		edit(&a.records)
+		a.recordsMu.Unlock()
+		defer func() {
+			a.recordsMu.Lock()
+			a.records = saved
+			a.recordsMu.Unlock()
+		}()
+		return look()
+	}
 	// Records a node never saw (it just started) are stale at first sight:
 	// their owner may have died long ago.
-	a.recordsMu.Lock()
-	saved := a.records
-	a.records = [numShards]sweepRecord{}
-	a.recordsMu.Unlock()
-	if got, want := look(), uint64(allShards&^owned); got != want {
+	if got, want := lookAs(func(r *[numShards]sweepRecord) { *r = [numShards]sweepRecord{} }), uint64(allShards&^owned); got != want {
 		t.Fatalf("a's first look found shards %032b stale, want all of b's, %032b", got, want)
 	}
-	a.recordsMu.Lock()
-	a.records = saved
-	a.recordsMu.Unlock()
 
 	// A sweep takes the stale shards, and only them: a's own were swept
 	// just now and are not due.
@@ -164,19 +170,15 @@ func TestSweepsAnotherNodesShardOnlyWhenStale(t *testing.T) {
 	}
 	// Their records are a's sweep's now, as old as that sweep: a staleSweep
 	// after it they are stale, even at the first look that reads them.
-	a.recordsMu.Lock()
-	saved = a.records
-	for _, sh := range theirs {
-		a.records[sh].since -= a.staleSweep() + time.Second
-	}
-	a.recordsMu.Unlock()
-	if got, want := look(), uint64(allShards&^owned); got != want {
-		t.Fatalf("a's look a staleSweep after its own sweep found shards %032b stale, want %032b", got, want)
+	aged := lookAs(func(r *[numShards]sweepRecord) {
+		for _, sh := range theirs {
+			r[sh].since -= a.staleSweep() + time.Second
+		}
+	})
+	if want := uint64(allShards &^ owned); aged != want {
+		t.Fatalf("a's look a staleSweep after its own sweep found shards %032b stale, want %032b", aged, want)
 	}
 	// Just after it, none is, and the next Sweep leaves b's shards alone.
-	a.recordsMu.Lock()
-	a.records = saved
-	a.recordsMu.Unlock()
 	if got := look(); got != 0 {
 		t.Fatalf("a's look after its sweep found shards %032b stale, want none", got)
 	}
