@@ -99,9 +99,10 @@ type localConn struct {
 	active             bool
 	shard              uint8 // shardOf(user), kept: every heartbeat needs it
 	// heard is this node's clockMS at the connection's last sign of life
-	// (its connect, a Heartbeat, a SetStatus): a connection that drops or expires is
-	// last seen then, not at its last heartbeat batch, which waits up to
-	// heartbeatHold. (32 bits fit the padding, so the entry stays 64 B.)
+	// (its connect, a Heartbeat, a SetStatus): a connection that drops or
+	// expires is last seen then, not at its last heartbeat batch, which
+	// waits up to heartbeatHold. (32 bits fit the padding: the entry stays
+	// 64 B.)
 	heard uint32
 	// statusSeq counts SetStatus calls: Redis keeps the active flag of the
 	// highest one it saw, so a re-assertion that read active before a
