@@ -101,6 +101,7 @@ type viewer struct {
 	mu  sync.Mutex
 	ch  []string // dot moves: user=state
 	raw []string // every change after the snapshot, restatements too
+	log []string // everything, snapshots and connection states too, timed: printed by failures
 }
 
 func connect(t *testing.T, n *node, user, device string) *viewer {
@@ -114,6 +115,8 @@ func connect(t *testing.T, n *node, user, device string) *viewer {
 		OnChange: func(ch client.Change) {
 			v.mu.Lock()
 			defer v.mu.Unlock()
+			v.log = append(v.log, fmt.Sprintf("%s %s=%s v%d(was %q) snapshot=%v",
+				time.Now().Format("15:04:05.000"), ch.UserID, ch.State, ch.Version, ch.Previous, ch.FromSnapshot))
 			if !ch.FromSnapshot {
 				v.raw = append(v.raw, fmt.Sprintf("%s=%s(was %q)", ch.UserID, ch.State, ch.Previous))
 			}
@@ -121,6 +124,11 @@ func connect(t *testing.T, n *node, user, device string) *viewer {
 				return // restated (a newer version of the same state): no dot moves
 			}
 			v.ch = append(v.ch, ch.UserID+"="+ch.State)
+		},
+		OnStateChange: func(sc client.StateChange) {
+			v.mu.Lock()
+			defer v.mu.Unlock()
+			v.log = append(v.log, fmt.Sprintf("%s %s err=%v code=%d", time.Now().Format("15:04:05.000"), sc.State, sc.Err, sc.CloseCode))
 		},
 	})
 	if err != nil {
@@ -142,6 +150,13 @@ func (v *viewer) rawChanges() []string {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return append([]string(nil), v.raw...)
+}
+
+// events is everything the viewer saw, one line each, for a failure's message.
+func (v *viewer) events() string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return strings.Join(v.log, "\n")
 }
 
 // expect waits until the changes seen equal want.
