@@ -90,8 +90,9 @@ type client struct {
 	// The snapshot's recent entries (versions from the last recentWindow,
 	// with a shared store's time-based versions), until recentUntil: a
 	// change read in the snapshot may still be in flight on the team
-	// channels, and must not be sent again.
-	recent      map[string]uint64
+	// channels, and must not be sent again. Sorted by subject hash.
+	recent      []recentEntry
+	recentLive  int         // entries not spent
 	recentUntil int64       // unix nanos
 	expiry      *time.Timer // token expiry; nil without exp
 	// statusVersion is the version of the newest my_status this connection
@@ -366,100 +367,6 @@ func (c *client) sendSnapshot(users []presence.Presence) {
 	}
 	c.ready = true
 	c.mu.Unlock()
-}
-
-// recentWindow is how long a change may travel from the node that
-// published it to this one (a slow network, a publish retried after a
-// timeout) and still be one that a snapshot already showed.
-const recentWindow = 10 * time.Second
-
-// noteRecentLocked keeps the entries of the snapshot sent whose versions
-// are recent (a shared store's versions are Redis's clock in microseconds;
-// the memory store's are counters, never recent, and it emits in order).
-func (c *client) noteRecentLocked(users []presence.Presence, frame protocol.Snapshot) {
-	now := c.srv.cfg.Now()
-	cutoff := uint64(now.Add(-recentWindow).UnixMicro())
-	// Counted first, so the map is made at its size: in a mass connect
-	// every teammate is recent, and growing it left each connection's
-	// discarded smaller tables to the collector.
-	n := 0
-	for _, u := range frame.Users {
-		if u.Version >= cutoff {
-			n++
-		}
-	}
-	for _, p := range users {
-		if p.State == presence.Offline && p.Version >= cutoff {
-			n++
-		}
-	}
-	add := func(user string, v uint64) {
-		if v < cutoff {
-			return
-		}
-		if c.recent == nil {
-			c.recent = make(map[string]uint64, min(n, maxRecent+1))
-		}
-		c.recent[user] = max(c.recent[user], v)
-	}
-	for _, u := range frame.Users {
-		add(u.UserID, u.Version)
-	}
-	for _, p := range users {
-		if p.State == presence.Offline {
-			add(p.UserID, p.Version) // left out of the frame, but known
-		}
-	}
-	if len(c.recent) > maxRecent {
-		// After a data loss every version is recent: an idle connection
-		// would hold a copy of its whole snapshot until its next change.
-		// Resends are then possible (clients drop them); memory is not.
-		c.recent = nil
-	}
-	c.recentUntil = now.Add(recentWindow).UnixNano()
-}
-
-// dropStaleRecent frees the snapshot's recent entries once their window is
-// over, and returns how long until it is when they are kept (0: none
-// kept). inSnapshotLocked drops them at the next change, but an idle
-// connection may get none for hours: after a mass connect, where every
-// teammate is recent, each would keep a copy of most of its snapshot.
-func (c *client) dropStaleRecent() time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.recent == nil {
-		return 0
-	}
-	left := time.Duration(c.recentUntil - c.srv.cfg.Now().UnixNano())
-	if left < 0 {
-		c.recent = nil
-		return 0
-	}
-	return left + 1 // past recentUntil, not at it
-}
-
-// maxRecent bounds the snapshot entries a connection keeps (noteRecentLocked).
-const maxRecent = 256
-
-// inSnapshotLocked reports a change the snapshot already gave: not newer
-// than its recent entry for the subject. Past the window, the entries go.
-func (c *client) inSnapshotLocked(ch protocol.Change) bool {
-	if c.srv.cfg.Now().UnixNano() > c.recentUntil {
-		c.recent = nil
-		return false
-	}
-	v, ok := c.recent[ch.UserID]
-	if !ok {
-		return false
-	}
-	if ch.Version <= v {
-		return true
-	}
-	delete(c.recent, ch.UserID) // newer than the snapshot: the entry is spent
-	if len(c.recent) == 0 {
-		c.recent = nil
-	}
-	return false
 }
 
 // foldSnapshot is the snapshot frame of users as read, updated by the

@@ -168,6 +168,46 @@ func TestSnapshotShownChangeNotResent(t *testing.T) {
 	}
 }
 
+// Two team-mates of one snapshot with one hash: the list is dropped, so no
+// change of one is ever taken for the other's (resends are harmless).
+func TestSnapshotEntriesWithOneHashForTwoSubjectsAreDropped(t *testing.T) {
+	s := socketlessServer()
+	now := time.Now()
+	s.cfg.Now = func() time.Time { return now }
+	v := uint64(now.Add(-time.Second).UnixMicro())
+	real := subjectHash
+	t.Cleanup(func() { subjectHash = real })
+	subjectHash = func(user string) uint64 { return uint64(len(user)) } // bob and eve collide
+	snapshot := func(users ...presence.Presence) *client {
+		c := &client{srv: s}
+		c.closed.Store(true) // writes become no-ops: no socket here
+		c.sendSnapshot(users)
+		return c
+	}
+	c := snapshot(presence.Presence{UserID: "bob", State: presence.Online, Version: v},
+		presence.Presence{UserID: "carol", State: presence.Online, Version: v})
+	if len(c.recent) != 2 {
+		t.Fatalf("recent = %v, want bob's and carol's", c.recent)
+	}
+	c = snapshot(presence.Presence{UserID: "bob", State: presence.Online, Version: v},
+		presence.Presence{UserID: "eve", State: presence.Online, Version: v + 5})
+	if c.recent != nil {
+		t.Fatalf("recent = %v with bob and eve on one hash, want none", c.recent)
+	}
+	c.push(protocol.Change{UserID: "bob", State: protocol.StateOnline, Version: v}, false)
+	if got := strings.Join(c.order, ","); got != "bob" {
+		t.Fatalf("queued %q, want bob's resend", got)
+	}
+	// One subject twice (read offline, folded in online from a pending
+	// change) is no collision: its newer version is kept.
+	c = &client{srv: s}
+	c.noteRecentLocked([]presence.Presence{{UserID: "bob", State: presence.Offline, Version: v}},
+		protocol.Snapshot{Users: []protocol.UserState{{UserID: "bob", State: protocol.StateOnline, Version: v + 1}}})
+	if len(c.recent) != 1 || c.recent[0].version != v+1 {
+		t.Fatalf("recent = %v, want bob's at %d", c.recent, v+1)
+	}
+}
+
 // An idle connection gets no change that would drop its snapshot's recent
 // entries: its liveness check frees them once the window is over (after a
 // mass connect each connection would otherwise keep most of its snapshot),
