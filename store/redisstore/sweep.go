@@ -162,6 +162,7 @@ func (s *Store) staleShards(ctx context.Context, owned uint64) uint64 {
 	s.recordsMu.Lock()
 	defer s.recordsMu.Unlock()
 	var stale uint64
+	failed := false
 	for i, sh := range shards {
 		v, err := cmds[i].Result()
 		r := &s.records[sh]
@@ -170,6 +171,7 @@ func (s *Store) staleShards(ctx context.Context, owned uint64) uint64 {
 			stale |= 1 << sh
 			*r = sweepRecord{}
 		case err != nil:
+			failed = true
 			continue
 		case r.value == "":
 			stale |= 1 << sh
@@ -181,8 +183,16 @@ func (s *Store) staleShards(ctx context.Context, owned uint64) uint64 {
 			stale |= 1 << sh
 		}
 	}
+	if failed {
+		// Silent otherwise: the sweeps that follow fail too, and count,
+		// only while Redis is down, not when just the looks fail.
+		s.m.errors.WithLabelValues(opLook).Inc()
+	}
 	return stale
 }
+
+// opLook labels errors_total for a failed look at the sweep records.
+const opLook = "look"
 
 // ownedSweepMax is how long an owned shard goes unswept at most with
 // nothing due: what its last sweep could not see (a claim written since by

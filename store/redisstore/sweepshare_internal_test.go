@@ -192,6 +192,25 @@ func TestSweepsAnotherNodesShardOnlyWhenStale(t *testing.T) {
 			t.Fatalf("b's shard %d swept again by a", sh)
 		}
 	}
+
+	// A look Redis does not answer finds nothing stale (the records stay
+	// as they were) and is counted.
+	a.recordsMu.Lock()
+	kept := a.records
+	a.recordsMu.Unlock()
+	failed := counterValue(t, a.m.errors.WithLabelValues(opLook))
+	r.Stop()
+	if got := look(); got != 0 {
+		t.Fatalf("a look with Redis down found shards %032b stale, want none", got)
+	}
+	if got := counterValue(t, a.m.errors.WithLabelValues(opLook)) - failed; got != 1 {
+		t.Fatalf("a failed look counted %v times, want once", got)
+	}
+	a.recordsMu.Lock()
+	defer a.recordsMu.Unlock()
+	if a.records != kept {
+		t.Fatal("a failed look changed the records")
+	}
 }
 
 // A node killed without a word owned shards that nobody sweeps until a
