@@ -66,12 +66,13 @@ type client struct {
 
 	// Fields are ordered so that the struct fits a smaller size class: a
 	// node holds one per connection.
-	ended       bool // markClosed ran: arm no timer; guarded by timerMu
-	welcomed    bool // welcome sent: a reconnect frame may follow; the rest by mu
-	ready       bool // snapshot sent: changes may be written
-	queued      bool // on the hub's dirty list
-	hiddenAll   bool // see hidden
-	statusKnown bool // see statusVersion
+	ended       bool   // markClosed ran: arm no timer; guarded by timerMu
+	welcomed    bool   // welcome sent: a reconnect frame may follow; the rest by mu
+	ready       bool   // snapshot sent: changes may be written
+	queued      bool   // on the hub's dirty list
+	hiddenAll   bool   // see hidden
+	statusKnown bool   // see statusVersion
+	recentLive  uint16 // recent's entries not spent (at most maxRecent); by mu
 
 	mu      sync.Mutex
 	pending map[string]protocol.Change // by subject; nil when empty
@@ -92,7 +93,6 @@ type client struct {
 	// change read in the snapshot may still be in flight on the team
 	// channels, and must not be sent again. Sorted by subject hash.
 	recent      []recentEntry
-	recentLive  int         // entries not spent
 	recentUntil int64       // unix nanos
 	expiry      *time.Timer // token expiry; nil without exp
 	// statusVersion is the version of the newest my_status this connection

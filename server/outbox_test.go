@@ -1,11 +1,14 @@
 package server
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -155,16 +158,43 @@ func TestSnapshotShownChangeNotResent(t *testing.T) {
 		t.Fatalf("past the window the snapshot's entries are kept: %v", c.recent)
 	}
 
-	// A snapshot whose every entry is recent (after a data loss) keeps none.
-	c = &client{srv: s}
-	c.closed.Store(true)
-	var many []presence.Presence
-	for i := range maxRecent + 1 {
-		many = append(many, presence.Presence{UserID: fmt.Sprint("u", i), State: presence.Online, Version: v})
+	// A snapshot of maxRecent recent entries keeps them all, sorted, each
+	// found; one whose every entry is recent past that (after a data
+	// loss) keeps none.
+	v = uint64(now.Add(-time.Second).UnixMicro())
+	many := func(n int) *client {
+		c := &client{srv: s}
+		c.closed.Store(true)
+		var users []presence.Presence
+		for i := range n {
+			users = append(users, presence.Presence{UserID: fmt.Sprint("u", i), State: presence.Online, Version: v})
+		}
+		c.sendSnapshot(users)
+		return c
 	}
-	c.sendSnapshot(many)
-	if c.recent != nil {
+	c = many(maxRecent)
+	if len(c.recent) != maxRecent || int(c.recentLive) != maxRecent {
+		t.Fatalf("kept %d recent entries (%d live), want all %d", len(c.recent), c.recentLive, maxRecent)
+	}
+	if !slices.IsSortedFunc(c.recent, func(a, b recentEntry) int { return cmp.Compare(a.subject, b.subject) }) {
+		t.Fatal("the recent entries are not sorted by subject")
+	}
+	for i := range maxRecent {
+		if !c.inSnapshotLocked(protocol.Change{UserID: fmt.Sprint("u", i), Version: v}) {
+			t.Fatalf("u%d's change at the snapshot's version taken for news", i)
+		}
+	}
+	if c = many(maxRecent + 1); c.recent != nil {
 		t.Fatalf("kept %d recent entries, want none past %d", len(c.recent), maxRecent)
+	}
+}
+
+// The client struct, one per connection, stays in the 288-byte size
+// class: a field added without a look at the padding moves every
+// connection to the next (320).
+func TestClientFitsItsSizeClass(t *testing.T) {
+	if n := unsafe.Sizeof(client{}); n > 288 {
+		t.Fatalf("client is %d bytes, over its 288-byte size class", n)
 	}
 }
 
@@ -199,12 +229,19 @@ func TestSnapshotEntriesWithOneHashForTwoSubjectsAreDropped(t *testing.T) {
 		t.Fatalf("queued %q, want bob's resend", got)
 	}
 	// One subject twice (read offline, folded in online from a pending
-	// change) is no collision: its newer version is kept.
-	c = &client{srv: s}
-	c.noteRecentLocked([]presence.Presence{{UserID: "bob", State: presence.Offline, Version: v}},
-		protocol.Snapshot{Users: []protocol.UserState{{UserID: "bob", State: protocol.StateOnline, Version: v + 1}}})
-	if len(c.recent) != 1 || c.recent[0].version != v+1 {
-		t.Fatalf("recent = %v, want bob's at %d", c.recent, v+1)
+	// change) is no collision: its newer version is kept, whichever copy
+	// holds it.
+	for _, frameNewer := range []bool{true, false} {
+		read, folded := v, v+1
+		if !frameNewer {
+			read, folded = v+1, v
+		}
+		c = &client{srv: s}
+		c.noteRecentLocked([]presence.Presence{{UserID: "bob", State: presence.Offline, Version: read}},
+			protocol.Snapshot{Users: []protocol.UserState{{UserID: "bob", State: protocol.StateOnline, Version: folded}}})
+		if len(c.recent) != 1 || c.recent[0].version != v+1 {
+			t.Fatalf("recent = %v, want bob's at %d", c.recent, v+1)
+		}
 	}
 }
 

@@ -21,10 +21,10 @@ const recentWindow = 10 * time.Second
 // its small objects' spans half empty for good (Redis nodes: 4.1 KiB of
 // RSS per idle connection after a quiet minute, 2.6 without the entries).
 // A change is taken for the snapshot's only if its subject's 64-bit hash
-// equals an entry's and its version is not newer: two team-mates of one
-// snapshot with one hash drop the whole list (noteRecentLocked), so only a
-// subject outside the snapshot can be mistaken, at odds of one in 2^64
-// per entry.
+// equals an entry's and its version is not newer: two kept entries with
+// one hash drop the whole list (noteRecentLocked), so only a subject
+// without an entry (outside the snapshot, or in it with an older version)
+// can be mistaken, at odds of one in 2^64 per entry.
 type recentEntry struct {
 	subject uint64 // subjectHash
 	version uint64 // 0 once spent
@@ -91,7 +91,7 @@ func (c *client) noteRecentLocked(users []presence.Presence, frame protocol.Snap
 		return
 	}
 	c.recent = out
-	c.recentLive = len(out)
+	c.recentLive = uint16(len(out))
 	c.recentUntil = now.Add(recentWindow).UnixNano()
 }
 
@@ -99,12 +99,13 @@ func (c *client) noteRecentLocked(users []presence.Presence, frame protocol.Snap
 // the same one.
 func oneSubject(h uint64, users []presence.Presence, frame protocol.Snapshot) bool {
 	var seen string
+	found := false
 	same := func(user string) bool {
 		if subjectHash(user) != h {
 			return true
 		}
-		if seen == "" {
-			seen = user
+		if !found {
+			seen, found = user, true
 		}
 		return user == seen
 	}
