@@ -1,0 +1,247 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/greendot/greendot/presence"
+	"github.com/greendot/greendot/store"
+)
+
+// WholePresence implements store.LossGuard: Presence, refused with
+// ErrRecovering if a shard it read (or, on a cluster, any master) is in the
+// hold-off after a data loss or was emptied and not swept since. The check
+// follows the reads on each master's connection, so a loss before a read is
+// seen by it (the sweep that finds the shard emptied marks it in the same
+// step as it records the sweep), and a loss after it is refused too.
+func (s *Store) WholePresence(ctx context.Context, userIDs []string) ([]presence.Presence, error) {
+	out, err := s.Presence(ctx, userIDs)
+	if err != nil {
+		return nil, err
+	}
+	byShard := make(map[int][]int)
+	for _, u := range userIDs {
+		byShard[shardOf(u)] = nil
+	}
+	s.addWitnesses(ctx, byShard)
+	pipe := s.rdb.Pipeline()
+	checks := make([]*redis.SliceCmd, 0, len(byShard))
+	for sh := range byShard {
+		checks = append(checks, pipe.MGet(ctx, lossKeys(sh)...))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: presence: %w", errors.Join(ErrUnavailable, err)))
+	}
+	for _, c := range checks {
+		if !intactShard(c.Val()) {
+			return nil, ErrRecovering
+		}
+	}
+	return out, nil
+}
+
+// lossKeys are shard sh's sweep record and loss mark, read after a whole
+// read's data (intactShard judges them).
+func lossKeys(sh int) []string { return []string{prefix(sh) + "ls", prefix(sh) + "em"} }
+
+// intactShard says whether the values of lossKeys show a shard swept since
+// it was last emptied and out of its hold-off.
+func intactShard(vals []any) bool { return len(vals) == 2 && vals[0] != nil && vals[1] == nil }
+
+// parseShown reads a user's sv copy, "w:v:since:expires:lastseen\ntext\nemoji"
+// (show in prelude.lua), or "s:v" as written before the look existed, into
+// p: what viewers see, as a snapshot needs it.
+func parseShown(sv string, p *presence.Presence) bool {
+	head, rest, _ := strings.Cut(sv, "\n")
+	var f [5]string // not strings.Split: a snapshot parses one per team-mate
+	n := 0
+	for more := true; more && n < len(f); n++ {
+		f[n], head, more = strings.Cut(head, ":")
+	}
+	if n < 2 {
+		return false
+	}
+	p.State = presence.State(toInt(f[0]))
+	p.Version, _ = strconv.ParseUint(f[1], 10, 64)
+	if n == 5 {
+		p.Since = msTime(toInt(f[2]))
+		p.Status.ExpiresAt = msTime(toInt(f[3]))
+		p.ShownLastSeen = msTime(toInt(f[4]))
+		p.Status.Text, p.Status.Emoji, _ = strings.Cut(rest, "\n")
+	}
+	return true
+}
+
+// States reads only the state and version of each user: what a snapshot
+// needs. The scripts keep a copy of each user's state and version in a
+// string key (sv:<user>), so a snapshot costs one MGET per shard it touches
+// (at most numShards, pipelined) instead of one HMGET per user: 99 commands
+// per connect were most of Redis's work in a reconnect storm. Users the copy
+// lacks (data written before it existed, users forgotten, or never-seen users
+// who joined their teams before member_user.lua gave them one) are read from
+// their own hashes, in a second round trip.
+func (s *Store) States(ctx context.Context, userIDs []string) ([]presence.Presence, error) {
+	return s.states(ctx, userIDs, false)
+}
+
+// WholeStates implements store.LossGuard: States, refused with
+// ErrRecovering if a shard read is in the hold-off after a data loss (EM)
+// or was emptied and not swept since (no LS): its users of nodes not
+// written back yet would read as offline. Checked in the same pipeline as
+// the read, and on every master, even with no users to read (see
+// addWitnesses).
+func (s *Store) WholeStates(ctx context.Context, userIDs []string) ([]presence.Presence, error) {
+	return s.states(ctx, userIDs, true)
+}
+
+// addWitnesses adds to byShard a shard, with no user to read, on each
+// master that none of its shards is on. The caller read the users' list
+// before (its teams, their members), from other slots: a master that lost
+// its data before that read answered no members, whose states are then
+// not asked for at all, and the check of the shards read passes (chaos,
+// cluster: a snapshot between the FLUSHALLs of two masters left out a
+// live user). A check on that master, after the read, sees the loss. On
+// one Redis any shard is that master; one is added only if none is read.
+// The masters come from go-redis's slot map, without a round trip; a
+// master that holds no shard (more masters than shards) goes unchecked.
+func (s *Store) addWitnesses(ctx context.Context, byShard map[int][]int) {
+	cc, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		if len(byShard) == 0 {
+			byShard[0] = nil
+		}
+		return
+	}
+	var masters [numShards]string
+	for sh := range masters {
+		c, err := cc.MasterForKey(ctx, prefix(sh))
+		if err != nil {
+			// No slot map: check every shard.
+			for sh := range numShards {
+				if _, ok := byShard[sh]; !ok {
+					byShard[sh] = nil
+				}
+			}
+			return
+		}
+		masters[sh] = c.Options().Addr
+	}
+	covered := make(map[string]bool)
+	for sh := range byShard {
+		covered[masters[sh]] = true
+	}
+	for sh, m := range masters {
+		if !covered[m] {
+			covered[m] = true
+			byShard[sh] = nil
+		}
+	}
+}
+
+func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]presence.Presence, error) {
+	out := make([]presence.Presence, len(userIDs))
+	if len(userIDs) == 0 && !whole {
+		return out, nil
+	}
+	byShard := make(map[int][]int) // shard → indexes into userIDs
+	for i, u := range userIDs {
+		out[i].UserID = u
+		sh := shardOf(u)
+		byShard[sh] = append(byShard[sh], i)
+	}
+	if whole {
+		s.addWitnesses(ctx, byShard)
+	}
+	pipe := s.rdb.Pipeline()
+	type shardRead struct {
+		idx []int
+		cmd *redis.SliceCmd
+	}
+	reads := make([]shardRead, 0, len(byShard))
+	for sh, idx := range byShard {
+		keys := make([]string, len(idx), len(idx)+2)
+		for k, i := range idx {
+			keys[k] = prefix(sh) + "sv:" + userIDs[i]
+		}
+		// The shard's loss markers go in the same MGET, which Redis runs as
+		// one step: a loss (FLUSHALL) falls before it or after it, never
+		// between the check and the read. One MGET per shard, not two.
+		if whole {
+			keys = append(keys, lossKeys(sh)...)
+		}
+		reads = append(reads, shardRead{idx, pipe.MGet(ctx, keys...)})
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))
+	}
+	var missing []int
+	for _, r := range reads {
+		vals := r.cmd.Val()
+		if whole {
+			if len(vals) != len(r.idx)+2 || !intactShard(vals[len(r.idx):]) {
+				return nil, ErrRecovering
+			}
+			vals = vals[:len(r.idx)]
+		}
+		for k, v := range vals {
+			sv, ok := v.(string)
+			if !ok || !parseShown(sv, &out[r.idx[k]]) {
+				missing = append(missing, r.idx[k])
+			}
+		}
+	}
+	if len(missing) == 0 {
+		return out, nil
+	}
+	pipe = s.rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(missing))
+	for k, i := range missing {
+		u := userIDs[i]
+		cmds[k] = pipe.HMGet(ctx, prefix(shardOf(u))+"u:"+u, "s", "v", "lk", "ss")
+	}
+	// This round trip reads after the first one's check: its shards are
+	// checked again, after the read (a loss in between reads as offline).
+	var checks []*redis.SliceCmd
+	if whole {
+		seen := make(map[int]bool)
+		for _, i := range missing {
+			if sh := shardOf(userIDs[i]); !seen[sh] {
+				seen[sh] = true
+				checks = append(checks, pipe.MGet(ctx, lossKeys(sh)...))
+			}
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))
+	}
+	for _, c := range checks {
+		if !intactShard(c.Val()) {
+			return nil, ErrRecovering
+		}
+	}
+	for k, c := range cmds {
+		vals := c.Val()
+		if len(vals) < 4 {
+			continue
+		}
+		i := missing[k]
+		out[i].State = presence.State(toInt(vals[0]))
+		if v, ok := vals[1].(string); ok {
+			out[i].Version, _ = strconv.ParseUint(v, 10, 64)
+		}
+		if lk, ok := vals[2].(string); ok {
+			// The look "w\ntext\nemoji\nexpires\nlastseen" as the copy holds it.
+			f := strings.SplitN(lk, "\n", 5)
+			if len(f) == 5 {
+				since, _ := vals[3].(string)
+				parseShown(f[0]+":"+strconv.FormatUint(out[i].Version, 10)+":"+since+":"+f[3]+":"+f[4]+"\n"+f[1]+"\n"+f[2], &out[i])
+			}
+		}
+	}
+	return out, nil
+}
