@@ -298,3 +298,51 @@ type observerFunc func(op string, out presence.Outcome, took time.Duration)
 func (f observerFunc) ObserveOutcome(op string, out presence.Outcome, took time.Duration) {
 	f(op, out, took)
 }
+
+// BenchmarkWholeStates: one op is a snapshot's read of 99 team-mates' states
+// (half of them online), spread over the shards as user ids fall: one MGET
+// per shard in one pipeline, each with the shard's loss markers. A connect
+// on Redis makes this read; its allocations were most of a connect's.
+func BenchmarkWholeStates(b *testing.B) {
+	s, r := benchStore(b, time.Hour)
+	ctx := context.Background()
+	users := addUsers(b, s, 100)
+	for i, u := range users[:50] {
+		if err := s.Connect(ctx, presence.Conn{ID: "c" + strconv.Itoa(i), UserID: u, Device: "web"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	all := make([]int, numShards)
+	for sh := range all {
+		all[sh] = sh
+	}
+	// A shard never swept reads as recovering: sweep them all, and wait out
+	// the hold-off the first sweep starts.
+	if _, err := s.sweepShards(ctx, all, time.Now()); err != nil {
+		b.Fatal(err)
+	}
+	mates := users[1:]
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		_, err := s.WholeStates(ctx, mates)
+		if err == nil {
+			break
+		}
+		if err != ErrRecovering || time.Now().After(deadline) {
+			b.Fatalf("whole read before the benchmark: %v", err)
+		}
+	}
+	measure(b, r, 1, "op", func() {
+		for i := 0; i < b.N; i++ {
+			ps, err := s.WholeStates(ctx, mates)
+			if err != nil {
+				b.Fatal(err)
+			}
+			// users[1:50] are online: each state must be its own user's.
+			for k, p := range ps {
+				if online := p.State != presence.Offline; online != (k < 49) {
+					b.Fatalf("%s read online %v, want %v", mates[k], online, k < 49)
+				}
+			}
+		}
+	})
+}

@@ -193,6 +193,52 @@ func TestWholeReadOfNobodyAfterAFlushIsRefused(t *testing.T) {
 	}
 }
 
+// A shard swept after a loss is in its hold-off (EM) until the nodes have
+// written their connections back: its sweep record is there again, and a
+// user written back has her state copy, so only the loss mark tells a
+// whole read that it would miss the others.
+func TestWholeReadOfAShardInItsHoldOffIsRefused(t *testing.T) {
+	ctx := context.Background()
+	url, flush := redistest.StartTopology(t, "redis")
+	s, _ := mkWith(t, Config{URL: url, Node: "a", TTL: 25 * time.Second, Grace: 300 * time.Millisecond,
+		NodeTTL: 600 * time.Millisecond, HoldOff: time.Minute})
+	must(t, s.Sweep(ctx))
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "alice", Device: "web"}))
+	for _, read := range []func() ([]presence.Presence, error){
+		func() ([]presence.Presence, error) { return s.WholeStates(ctx, []string{"alice"}) },
+		func() ([]presence.Presence, error) { return s.WholePresence(ctx, []string{"alice"}) },
+	} {
+		if ps, err := read(); err != nil || ps[0].State == presence.Offline {
+			t.Fatalf("before the flush: %v, %v", ps, err)
+		}
+	}
+	flush()
+	if _, err := s.sweepShards(ctx, []int{shardOf("alice")}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	sh := prefix(shardOf("alice"))
+	if n, err := s.rdb.Exists(ctx, sh+"ls").Result(); err != nil || n != 1 {
+		t.Fatalf("alice's shard has no sweep record after the sweep (%d, %v): the test needs one", n, err)
+	}
+	if n, err := s.rdb.Exists(ctx, sh+"em").Result(); err != nil || n != 1 {
+		t.Fatalf("alice's shard has no loss mark after the flush and the sweep (%d, %v)", n, err)
+	}
+	// Alice written back (her state copy is there again), others of the
+	// shard perhaps not yet.
+	must(t, s.Connect(ctx, presence.Conn{ID: "c2", UserID: "alice", Device: "web"}))
+	if n, err := s.rdb.Exists(ctx, sh+"sv:alice").Result(); err != nil || n != 1 {
+		t.Fatalf("alice has no state copy after her connect (%d, %v): the test needs one", n, err)
+	}
+	for name, read := range map[string]func() ([]presence.Presence, error){
+		"WholeStates":   func() ([]presence.Presence, error) { return s.WholeStates(ctx, []string{"alice"}) },
+		"WholePresence": func() ([]presence.Presence, error) { return s.WholePresence(ctx, []string{"alice"}) },
+	} {
+		if ps, err := read(); !errors.Is(err, ErrRecovering) {
+			t.Errorf("%s of a shard in its hold-off answered %v, %v; want ErrRecovering", name, ps, err)
+		}
+	}
+}
+
 // flushAfterRead FLUSHALLs Redis once, right after the first pipeline of a
 // whole read (one that checks a sweep record) has run: a loss between a
 // snapshot's two round trips.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -24,15 +25,17 @@ func (s *Store) WholePresence(ctx context.Context, userIDs []string) ([]presence
 	if err != nil {
 		return nil, err
 	}
-	byShard := make(map[int][]int)
+	var read [numShards]bool
 	for _, u := range userIDs {
-		byShard[shardOf(u)] = nil
+		read[shardOf(u)] = true
 	}
-	s.addWitnesses(ctx, byShard)
+	s.addWitnesses(ctx, &read)
 	pipe := s.rdb.Pipeline()
-	checks := make([]*redis.SliceCmd, 0, len(byShard))
-	for sh := range byShard {
-		checks = append(checks, pipe.MGet(ctx, lossKeys(sh)...))
+	var checks []*redis.SliceCmd
+	for sh, r := range read {
+		if r {
+			checks = append(checks, pipe.MGet(ctx, lossKeys(sh)...))
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: presence: %w", errors.Join(ErrUnavailable, err)))
@@ -45,8 +48,8 @@ func (s *Store) WholePresence(ctx context.Context, userIDs []string) ([]presence
 	return out, nil
 }
 
-// lossKeys are shard sh's sweep record and loss mark, read after a whole
-// read's data (intactShard judges them).
+// lossKeys are shard sh's sweep record and loss mark, read with or after a
+// whole read's data (intactShard judges them).
 func lossKeys(sh int) []string { return []string{prefix(sh) + "ls", prefix(sh) + "em"} }
 
 // intactShard says whether the values of lossKeys show a shard swept since
@@ -99,21 +102,21 @@ func (s *Store) WholeStates(ctx context.Context, userIDs []string) ([]presence.P
 	return s.states(ctx, userIDs, true)
 }
 
-// addWitnesses adds to byShard a shard, with no user to read, on each
-// master that none of its shards is on. The caller read the users' list
-// before (its teams, their members), from other slots: a master that lost
-// its data before that read answered no members, whose states are then
-// not asked for at all, and the check of the shards read passes (chaos,
-// cluster: a snapshot between the FLUSHALLs of two masters left out a
-// live user). A check on that master, after the read, sees the loss. On
-// one Redis any shard is that master; one is added only if none is read.
-// The masters come from go-redis's slot map, without a round trip; a
+// addWitnesses marks in read a shard, with no user to read, on each
+// master that none of the shards read is on. The caller read the users'
+// list before (its teams, their members), from other slots: a master that
+// lost its data before that read answered no members, whose states are
+// then not asked for at all, and the check of the shards read passes
+// (chaos, cluster: a snapshot between the FLUSHALLs of two masters left
+// out a live user). A check on that master, after the read, sees the loss.
+// On one Redis any shard is that master; one is added only if none is
+// read. The masters come from go-redis's slot map, without a round trip; a
 // master that holds no shard (more masters than shards) goes unchecked.
-func (s *Store) addWitnesses(ctx context.Context, byShard map[int][]int) {
+func (s *Store) addWitnesses(ctx context.Context, read *[numShards]bool) {
 	cc, ok := s.rdb.(*redis.ClusterClient)
 	if !ok {
-		if len(byShard) == 0 {
-			byShard[0] = nil
+		if !slices.Contains(read[:], true) {
+			read[0] = true
 		}
 		return
 	}
@@ -122,76 +125,148 @@ func (s *Store) addWitnesses(ctx context.Context, byShard map[int][]int) {
 		c, err := cc.MasterForKey(ctx, prefix(sh))
 		if err != nil {
 			// No slot map: check every shard.
-			for sh := range numShards {
-				if _, ok := byShard[sh]; !ok {
-					byShard[sh] = nil
-				}
+			for sh := range read {
+				read[sh] = true
 			}
 			return
 		}
 		masters[sh] = c.Options().Addr
 	}
 	covered := make(map[string]bool)
-	for sh := range byShard {
-		covered[masters[sh]] = true
+	for sh, r := range read {
+		if r {
+			covered[masters[sh]] = true
+		}
 	}
 	for sh, m := range masters {
 		if !covered[m] {
 			covered[m] = true
-			byShard[sh] = nil
+			read[sh] = true
 		}
 	}
 }
+
+// lossArgs are lossKeys as MGET arguments, made once: every whole read
+// sends them.
+var lossArgs = func() (a [numShards][2]any) {
+	for sh := range a {
+		k := lossKeys(sh)
+		a[sh] = [2]any{k[0], k[1]}
+	}
+	return a
+}()
 
 func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]presence.Presence, error) {
 	out := make([]presence.Presence, len(userIDs))
 	if len(userIDs) == 0 && !whole {
 		return out, nil
 	}
-	byShard := make(map[int][]int) // shard → indexes into userIDs
+	// A connect reads ~99 team-mates here, so the first round trip is built
+	// with a handful of allocations, not several per user (a map of
+	// per-shard slices, a key string each, each boxed into an MGET
+	// argument): the users are grouped by shard with a counting sort, their
+	// keys are substrings of one string, and the arguments point at them
+	// (go-redis writes a *string as the string, and routes by it).
+	var read [numShards]bool
+	var count [numShards]int
+	keyLen := 0
 	for i, u := range userIDs {
 		out[i].UserID = u
 		sh := shardOf(u)
-		byShard[sh] = append(byShard[sh], i)
+		read[sh] = true
+		count[sh]++
+		keyLen += len(prefix(sh)) + len("sv:") + len(u)
 	}
 	if whole {
-		s.addWitnesses(ctx, byShard)
+		s.addWitnesses(ctx, &read)
+	}
+	var next [numShards]int // where each shard's users start in order, then its fill cursor
+	nargs := 0
+	for sh, n := 0, 0; sh < numShards; sh++ {
+		next[sh] = n
+		n += count[sh]
+		if read[sh] {
+			nargs += 1 + count[sh]
+			if whole {
+				nargs += len(lossArgs[sh])
+			}
+		}
+	}
+	order := make([]int, len(userIDs)) // indexes into userIDs, shard by shard
+	for i, u := range userIDs {
+		sh := shardOf(u)
+		order[next[sh]] = i
+		next[sh]++
+	}
+	var b strings.Builder
+	b.Grow(keyLen)
+	for _, i := range order {
+		u := userIDs[i]
+		b.WriteString(prefix(shardOf(u)))
+		b.WriteString("sv:")
+		b.WriteString(u)
+	}
+	all := b.String()
+	keys := make([]string, len(order))
+	for k, off := 0, 0; k < len(order); k++ {
+		u := userIDs[order[k]]
+		n := len(prefix(shardOf(u))) + len("sv:") + len(u)
+		keys[k] = all[off : off+n]
+		off += n
 	}
 	pipe := s.rdb.Pipeline()
 	type shardRead struct {
-		idx []int
-		cmd *redis.SliceCmd
+		from, to int // the shard's users in order
+		cmd      *redis.StringSliceCmd
 	}
-	reads := make([]shardRead, 0, len(byShard))
-	for sh, idx := range byShard {
-		keys := make([]string, len(idx), len(idx)+2)
-		for k, i := range idx {
-			keys[k] = prefix(sh) + "sv:" + userIDs[i]
+	var reads [numShards]shardRead
+	args := make([]any, 0, nargs)
+	for sh := range numShards {
+		if !read[sh] {
+			continue
 		}
+		from := next[sh] - count[sh]
+		first := len(args)
+		args = append(args, "mget")
 		// The shard's loss markers go in the same MGET, which Redis runs as
 		// one step: a loss (FLUSHALL) falls before it or after it, never
 		// between the check and the read. One MGET per shard, not two.
 		if whole {
-			keys = append(keys, lossKeys(sh)...)
+			args = append(args, lossArgs[sh][:]...)
 		}
-		reads = append(reads, shardRead{idx, pipe.MGet(ctx, keys...)})
+		for k := from; k < next[sh]; k++ {
+			if k == from && !whole {
+				// The first key routes the command on a cluster: a string,
+				// whatever go-redis makes of a pointer there.
+				args = append(args, keys[k])
+				continue
+			}
+			args = append(args, &keys[k])
+		}
+		cmd := redis.NewStringSliceCmd(ctx, args[first:len(args):len(args)]...)
+		_ = pipe.Process(ctx, cmd)
+		reads[sh] = shardRead{from, next[sh], cmd}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))
 	}
 	var missing []int
-	for _, r := range reads {
-		vals := r.cmd.Val()
+	for sh, r := range reads {
+		if !read[sh] {
+			continue
+		}
+		vals := r.cmd.Val() // a missing key reads as ""; no copy or mark is ever empty
 		if whole {
-			if len(vals) != len(r.idx)+2 || !intactShard(vals[len(r.idx):]) {
+			if len(vals) != len(lossArgs[sh])+r.to-r.from || vals[0] == "" || vals[1] != "" {
 				return nil, ErrRecovering
 			}
-			vals = vals[:len(r.idx)]
+			vals = vals[len(lossArgs[sh]):]
+		} else if len(vals) != r.to-r.from {
+			return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %d values for %d keys: %w", len(vals), r.to-r.from, ErrUnavailable))
 		}
 		for k, v := range vals {
-			sv, ok := v.(string)
-			if !ok || !parseShown(sv, &out[r.idx[k]]) {
-				missing = append(missing, r.idx[k])
+			if i := order[r.from+k]; v == "" || !parseShown(v, &out[i]) {
+				missing = append(missing, i)
 			}
 		}
 	}
