@@ -54,7 +54,15 @@ type beatBatches struct {
 	mu    sync.Mutex
 	ids   [numShards][]string  // guarded by mu
 	first [numShards]time.Time // when each shard's oldest waiting id was added (monotonic); guarded by mu
+	// last is the size of each shard's last batch taken, which the next one
+	// starts at, so that a batch of ~100 is one allocation, not eight
+	// doublings; guarded by mu.
+	last [numShards]int32
 }
+
+// maxBatchStart bounds the capacity a batch starts at: a burst (a whole
+// node re-asserted) must not size every later batch.
+const maxBatchStart = 1024
 
 // add queues a heartbeat of connection id, in shard sh.
 func (b *beatBatches) add(sh int, id string) {
@@ -62,9 +70,15 @@ func (b *beatBatches) add(sh int, id string) {
 	defer b.mu.Unlock()
 	if len(b.ids[sh]) == 0 {
 		b.first[sh] = time.Now()
+		if b.ids[sh] == nil {
+			b.ids[sh] = make([]string, 0, max(4, b.last[sh]))
+		}
 	}
 	b.ids[sh] = append(b.ids[sh], id)
 }
+
+// took notes the size of a batch taken from shard sh.
+func (b *beatBatches) took(sh int, n int) { b.last[sh] = int32(min(n, maxBatchStart)) }
 
 // take removes and returns the batches that are due at now: those of at
 // least full ids and those whose oldest id waited hold; every batch when
@@ -75,6 +89,7 @@ func (b *beatBatches) take(now time.Time, full int, hold time.Duration) (due [nu
 	for sh, ids := range b.ids {
 		if len(ids) > 0 && (len(ids) >= full || now.Sub(b.first[sh]) >= hold) {
 			due[sh], b.ids[sh], some = ids, nil, true
+			b.took(sh, len(ids))
 		}
 	}
 	return due, some
@@ -86,5 +101,6 @@ func (b *beatBatches) takeShard(sh int) []string {
 	defer b.mu.Unlock()
 	ids := b.ids[sh]
 	b.ids[sh] = nil
+	b.took(sh, len(ids))
 	return ids
 }

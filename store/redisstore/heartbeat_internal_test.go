@@ -3,11 +3,14 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/greendot/greendot/presence"
 	"github.com/greendot/greendot/store/redisstore/redistest"
@@ -295,5 +298,91 @@ func TestExpiryKeepsASiblingWhoseHeartbeatWaits(t *testing.T) {
 	s.mu.Unlock()
 	if !live {
 		t.Fatal("y was ended with x though its heartbeat was heard")
+	}
+}
+
+// An id heard twice or more in one batch is written once, and every id of
+// the batch reaches Redis as itself: the script's arguments point into it.
+func TestHeartbeatsRepeatedInABatchAreWrittenOnce(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mkWith(t, Config{URL: r.URL(), Node: "a", TTL: 10 * time.Second, Grace: 300 * time.Millisecond,
+		NodeTTL: 600 * time.Millisecond, HoldOff: 300 * time.Millisecond, HeartbeatFlush: time.Hour})
+	// Three users of one shard: their ids share a batch.
+	var users []string
+	for i := 0; len(users) < 3; i++ {
+		if u := "u" + strconv.Itoa(i); shardOf(u) == shardOf("bob") {
+			users = append(users, u)
+		}
+	}
+	for i, u := range users {
+		must(t, s.Connect(ctx, presence.Conn{ID: "c" + strconv.Itoa(i), UserID: u, Device: "web"}))
+	}
+	score := func(i int) int64 {
+		dl := shardKeys(shardOf(users[i]))[0]
+		v, err := r.Do("ZSCORE", dl, "c"+strconv.Itoa(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			t.Fatalf("ZSCORE %s c%d: %q", dl, i, v)
+		}
+		return n
+	}
+	before := []int64{score(0), score(1), score(2)}
+	// The deadlines move only if a millisecond passed since the connects.
+	for last := time.Now().UnixMilli(); time.Now().UnixMilli() <= last+1; {
+		runtime.Gosched()
+	}
+	for _, i := range []int{0, 1, 0, 0, 1} { // c2 sends none
+		must(t, s.Heartbeat(ctx, "c"+strconv.Itoa(i)))
+	}
+	s.flushHeartbeats(ctx)
+	for i, moved := range []bool{true, true, false} {
+		if got := score(i) > before[i]; got != moved {
+			t.Errorf("c%d's deadline moved: %v, want %v (%d → %d)", i, got, moved, before[i], score(i))
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s.m.pipelineSize)
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 {
+		t.Fatalf("gather: %v, %d families", err, len(mfs))
+	}
+	if sum := mfs[0].GetMetric()[0].GetHistogram().GetSampleSum(); sum != 2 {
+		t.Fatalf("the batches wrote %v ids, want 2: each once", sum)
+	}
+	if !s.healthy.Load() {
+		t.Fatal("the flush failed")
+	}
+}
+
+// A shard's batch starts at the size of its last one taken (up to
+// maxBatchStart), so a full batch is one allocation, not a doubling per
+// power of two.
+func TestBeatBatchStartsAtItsLastSize(t *testing.T) {
+	var b beatBatches
+	ids := make([]string, 2*maxBatchStart)
+	for i := range ids {
+		ids[i] = "c" + strconv.Itoa(i)
+	}
+	fill := func(n int) {
+		for _, id := range ids[:n] {
+			b.add(5, id)
+		}
+	}
+	fill(100)
+	if got := len(b.takeShard(5)); got != 100 {
+		t.Fatalf("took %d, want 100", got)
+	}
+	if allocs := testing.AllocsPerRun(10, func() { fill(100); b.takeShard(5) }); allocs != 1 {
+		t.Fatalf("a batch of 100 after one of 100 took %v allocations, want 1", allocs)
+	}
+	fill(len(ids))
+	b.takeShard(5)
+	b.add(5, "x")
+	if c := cap(b.ids[5]); c != maxBatchStart {
+		t.Fatalf("after a burst of %d a batch starts at %d, want %d", len(ids), c, maxBatchStart)
 	}
 }
