@@ -61,7 +61,7 @@ type beatBatches struct {
 }
 
 // maxBatchStart bounds the capacity a batch starts at: a burst (a whole
-// node re-asserted) must not size every later batch.
+// node re-asserted) sizes the next batch at most this large.
 const maxBatchStart = 1024
 
 // add queues a heartbeat of connection id, in shard sh.
@@ -71,14 +71,21 @@ func (b *beatBatches) add(sh int, id string) {
 	if len(b.ids[sh]) == 0 {
 		b.first[sh] = time.Now()
 		if b.ids[sh] == nil {
+			// Always a new array: a batch taken may still be on its way
+			// to Redis, its script's arguments pointing into it.
 			b.ids[sh] = make([]string, 0, max(4, b.last[sh]))
 		}
 	}
 	b.ids[sh] = append(b.ids[sh], id)
 }
 
-// took notes the size of a batch taken from shard sh.
-func (b *beatBatches) took(sh int, n int) { b.last[sh] = int32(min(n, maxBatchStart)) }
+// took notes the size of a batch taken from shard sh; none taken (an
+// expiry's takeShard of an empty shard) says nothing of the next.
+func (b *beatBatches) took(sh int, n int) {
+	if n > 0 {
+		b.last[sh] = int32(min(n, maxBatchStart))
+	}
+}
 
 // take removes and returns the batches that are due at now: those of at
 // least full ids and those whose oldest id waited hold; every batch when

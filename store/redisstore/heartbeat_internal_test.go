@@ -360,7 +360,7 @@ func TestHeartbeatsRepeatedInABatchAreWrittenOnce(t *testing.T) {
 
 // A shard's batch starts at the size of its last one taken (up to
 // maxBatchStart), so a full batch is one allocation, not a doubling per
-// power of two.
+// power of two; an empty take does not count.
 func TestBeatBatchStartsAtItsLastSize(t *testing.T) {
 	var b beatBatches
 	ids := make([]string, 2*maxBatchStart)
@@ -376,9 +376,12 @@ func TestBeatBatchStartsAtItsLastSize(t *testing.T) {
 	if got := len(b.takeShard(5)); got != 100 {
 		t.Fatalf("took %d, want 100", got)
 	}
-	if allocs := testing.AllocsPerRun(10, func() { fill(100); b.takeShard(5) }); allocs != 1 {
-		t.Fatalf("a batch of 100 after one of 100 took %v allocations, want 1", allocs)
+	b.takeShard(5) // nothing waits: says nothing of the next batch
+	b.add(5, "x")
+	if c := cap(b.ids[5]); c != 100 {
+		t.Fatalf("after a batch of 100 the next starts at %d, want 100", c)
 	}
+	b.takeShard(5)
 	fill(len(ids))
 	b.takeShard(5)
 	b.add(5, "x")

@@ -77,7 +77,7 @@ func (s *Store) writeBatches(ctx context.Context, pending *[numShards][]string) 
 		if len(ids) == 0 {
 			continue
 		}
-		ids = dedupe(ids)
+		ids = dropRepeats(ids)
 		// The ids go as pointers into the batch, which go-redis writes as
 		// the strings: boxing each string would allocate once per heartbeat.
 		args := make([]any, 0, len(ids)+1)
@@ -115,14 +115,32 @@ func (s *Store) writeBatches(ctx context.Context, pending *[numShards][]string) 
 	}
 }
 
-// dedupe drops repeated ids in place (their order does not matter to the
-// script): sorted, so no set is allocated per batch.
-func dedupe(ids []string) []string {
+// dropRepeats drops repeated ids of a heartbeat batch in place, sorting
+// them (the script does not care for their order), so that no set is
+// allocated per batch.
+func dropRepeats(ids []string) []string {
 	if len(ids) < 2 {
 		return ids
 	}
 	slices.Sort(ids)
 	return slices.Compact(ids)
+}
+
+// dedupe drops repeated ids in place, keeping the order of their first
+// sight (restateStatuses drops the oldest when it must).
+func dedupe(ids []string) []string {
+	if len(ids) < 2 {
+		return ids
+	}
+	seen := make(map[string]struct{}, len(ids))
+	out := ids[:0]
+	for _, id := range ids {
+		if _, ok := seen[id]; !ok {
+			seen[id] = struct{}{}
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // reassert writes live connections Redis lost back into it, in one
