@@ -37,8 +37,10 @@ func (s *Store) ConnectRead(ctx context.Context, c presence.Conn, teams []string
 	lc := localConn{active: !c.Idle}
 	keys, args := s.connectCall(c, lc, false)
 	pipe := s.rdb.Pipeline()
-	cc := s.sc.connect.EvalSha(ctx, pipe, keys, args...)
-	pc := s.sc.presence.EvalSha(ctx, pipe, userKeys(c.UserID), s.ttlMS())
+	cc := evalSha(ctx, s.sc.connect, keys, args)
+	_ = pipe.Process(ctx, cc)
+	pc := evalSha(ctx, s.sc.presence, userKeys(c.UserID), []any{s.ttlMS()})
+	_ = pipe.Process(ctx, pc)
 	mcs := make([]*redis.StringSliceCmd, len(teams))
 	for i, t := range teams {
 		mcs[i] = pipe.SMembers(ctx, teamKey(t))

@@ -731,3 +731,25 @@ func TestGraceEndIsSwept(t *testing.T) {
 		return nil
 	})
 }
+
+// A single script call (run) on a Redis that lost its scripts (a restart,
+// SCRIPT FLUSH) loads the script and runs it: the call succeeds.
+func TestScriptCallAfterScriptFlushSucceeds(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	s, _ := mk(t, r.URL(), "a", 10*time.Second, 300*time.Millisecond)
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web"}))
+	if _, err := r.Do("SCRIPT", "FLUSH"); err != nil {
+		t.Fatal(err)
+	}
+	must(t, s.Connect(ctx, presence.Conn{ID: "c2", UserID: "carol", Device: "web"}))
+	ps, err := s.Presence(ctx, []string{"bob", "carol"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p.State == presence.Offline {
+			t.Fatalf("%s offline after connecting across a SCRIPT FLUSH", p.UserID)
+		}
+	}
+}

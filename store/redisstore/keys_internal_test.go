@@ -98,15 +98,24 @@ func (g *keyGuard) rules(cmd redis.Cmder) (string, []string) {
 	fmt.Sscan(fmt.Sprint(args[2]), &n)
 	rules := []string{"resetkeys"}
 	for _, k := range args[3 : 3+n] {
-		rules = append(rules, "~"+globChars.ReplaceAllString(fmt.Sprint(k), `\$0`))
+		rules = append(rules, "~"+globChars.ReplaceAllString(argString(k), `\$0`))
 	}
 	if kinds := foundKinds[name]; n > 0 {
-		shard := strings.TrimSuffix(fmt.Sprint(args[3]), "dl")
+		shard := strings.TrimSuffix(argString(args[3]), "dl")
 		for _, kind := range kinds {
 			rules = append(rules, "~"+globChars.ReplaceAllString(shard+kind, `\$0`)+"*")
 		}
 	}
 	return name, rules
+}
+
+// argString is a command argument as go-redis writes it: the store passes
+// some keys as *string.
+func argString(a any) string {
+	if p, ok := a.(*string); ok {
+		return *p
+	}
+	return fmt.Sprint(a)
 }
 
 // inGuard marks the context of a command the guard runs: what go-redis

@@ -720,7 +720,8 @@ func (s *Store) evalMany(ctx context.Context, script *redis.Script, calls []call
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(todo))
 		for j, i := range todo {
-			cmds[j] = script.EvalSha(ctx, pipe, calls[i].keys, calls[i].args...)
+			cmds[j] = evalSha(ctx, script, calls[i].keys, calls[i].args)
+			_ = pipe.Process(ctx, cmds[j])
 		}
 		_, _ = pipe.Exec(ctx)
 		var again []int

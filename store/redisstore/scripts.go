@@ -100,8 +100,38 @@ func userKeys(user string, extra ...string) []string {
 func ncKey(sh int, node string) string { return prefix(sh) + "nc:" + node }
 
 // run evaluates a script, loading it first if Redis lost it.
-func run(ctx context.Context, c redis.Scripter, s *redis.Script, keys []string, args ...any) (any, error) {
-	return s.Run(ctx, c, keys, args...).Result()
+func run(ctx context.Context, c redis.UniversalClient, s *redis.Script, keys []string, args ...any) (any, error) {
+	cmd := evalSha(ctx, s, keys, args)
+	_ = c.Process(ctx, cmd)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		return s.Eval(ctx, c, keys, args...).Result()
+	}
+	return cmd.Result()
+}
+
+// evalSha is the EVALSHA of script with keys and args, for c.Process or a
+// pipeline's. go-redis's own boxes every key into its argument list, an
+// allocation each: ~16 per call on a user's keys, ~50 per connect. Here
+// the keys after the first go as pointers into keys (go-redis writes a
+// *string as the string); the first, which routes the call on a cluster,
+// as the string itself. args go as they are: none of the callers passes
+// a lone slice or map for go-redis to spread.
+func evalSha(ctx context.Context, script *redis.Script, keys []string, args []any) *redis.Cmd {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, "evalsha", script.Hash(), len(keys))
+	for i := range keys {
+		if i == 0 {
+			a = append(a, keys[0])
+		} else {
+			a = append(a, &keys[i])
+		}
+	}
+	a = append(a, args...)
+	cmd := redis.NewCmd(ctx, a...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return cmd
 }
 
 // outcome decodes a transition's reply (see reply() in prelude.lua).
