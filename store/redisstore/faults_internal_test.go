@@ -733,7 +733,7 @@ func TestGraceEndIsSwept(t *testing.T) {
 }
 
 // A single script call (run) on a Redis that lost its scripts (a restart,
-// SCRIPT FLUSH) loads the script and runs it: the call succeeds.
+// SCRIPT FLUSH) runs it by EVAL: the call succeeds.
 func TestScriptCallAfterScriptFlushSucceeds(t *testing.T) {
 	ctx := context.Background()
 	r := redistest.Start(t)

@@ -99,7 +99,8 @@ func userKeys(user string, extra ...string) []string {
 // ncKey is the set of node's connections in a shard.
 func ncKey(sh int, node string) string { return prefix(sh) + "nc:" + node }
 
-// run evaluates a script, loading it first if Redis lost it.
+// run evaluates a script; if Redis lost it (a restart, SCRIPT FLUSH), by
+// EVAL, which caches it again.
 func run(ctx context.Context, c redis.UniversalClient, s *redis.Script, keys []string, args ...any) (any, error) {
 	cmd := evalSha(ctx, s, keys, args)
 	_ = c.Process(ctx, cmd)
