@@ -1,7 +1,9 @@
 package redisstore
 
 import (
+	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/greendot/greendot/presence"
 )
@@ -28,6 +30,23 @@ func TestParseShownReadsEveryForm(t *testing.T) {
 			!got.ShownLastSeen.Equal(tc.want.ShownLastSeen) || got.Status.Text != tc.want.Status.Text ||
 			got.Status.Emoji != tc.want.Status.Emoji || !got.Status.ExpiresAt.Equal(tc.want.Status.ExpiresAt)) {
 			t.Errorf("parseShown(%q) = %+v, %v; want %+v, %v", tc.sv, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// An empty status text or emoji read from a state copy points nowhere into
+// it: views keep the looks they read, and a pointer into the reply would
+// keep the whole reply alive with them.
+func TestParseShownKeepsNoPointerIntoAnEmptyStatus(t *testing.T) {
+	sv := strings.Clone("1:7:1000:0:3000\n\n") // a reply's string, on the heap
+	var p presence.Presence
+	if !parseShown(sv, &p) {
+		t.Fatalf("parseShown(%q) failed", sv)
+	}
+	base := uintptr(unsafe.Pointer(unsafe.StringData(sv)))
+	for name, s := range map[string]string{"text": p.Status.Text, "emoji": p.Status.Emoji} {
+		if d := uintptr(unsafe.Pointer(unsafe.StringData(s))); d >= base && d <= base+uintptr(len(sv)) {
+			t.Errorf("the empty %s points into the state copy (at +%d)", name, d-base)
 		}
 	}
 }

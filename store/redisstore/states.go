@@ -75,9 +75,22 @@ func parseShown(sv string, p *presence.Presence) bool {
 		p.Since = msTime(toInt(f[2]))
 		p.Status.ExpiresAt = msTime(toInt(f[3]))
 		p.ShownLastSeen = msTime(toInt(f[4]))
-		p.Status.Text, p.Status.Emoji, _ = strings.Cut(rest, "\n")
+		text, emoji, _ := strings.Cut(rest, "\n")
+		p.Status.Text, p.Status.Emoji = unpinned(text), unpinned(emoji)
 	}
 	return true
+}
+
+// unpinned is s, or when s is empty an empty string that points nowhere: a
+// node's views keep a snapshot's looks for as long as the team has members
+// there, and an empty substring of a reply still points into it, keeping
+// the whole reply (~48 bytes a team-mate, most statuses being empty) in a
+// span of its own among a connect's garbage.
+func unpinned(s string) string {
+	if s == "" {
+		return ""
+	}
+	return s
 }
 
 // States reads only the state and version of each user: what a snapshot
