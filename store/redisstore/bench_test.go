@@ -108,6 +108,25 @@ func addUsers(b *testing.B, s *Store, n int) []string {
 	return users
 }
 
+// connectUsers connects one device of each user, the i-th as "c<i>".
+func connectUsers(b *testing.B, s *Store, users []string) {
+	b.Helper()
+	for i, u := range users {
+		if err := s.Connect(context.Background(), presence.Conn{ID: "c" + strconv.Itoa(i), UserID: u, Device: "web"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// everyShard is every shard's number, for a sweep of them all.
+func everyShard() []int {
+	all := make([]int, numShards)
+	for sh := range all {
+		all[sh] = sh
+	}
+	return all
+}
+
 // BenchmarkConnectDisconnect: one op is a connect and a disconnect of a
 // user's only device. Without a grace both publish a change (online, then
 // offline); with one the user stays online and only the first connect
@@ -240,15 +259,8 @@ func BenchmarkSweepNothingDue(b *testing.B) {
 		b.Run("conns="+strconv.Itoa(conns), func(b *testing.B) {
 			s, r := benchStore(b, 0)
 			ctx := context.Background()
-			for i, u := range addUsers(b, s, conns) {
-				if err := s.Connect(ctx, presence.Conn{ID: "c" + strconv.Itoa(i), UserID: u, Device: "web"}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			all := make([]int, numShards)
-			for sh := range all {
-				all[sh] = sh
-			}
+			connectUsers(b, s, addUsers(b, s, conns))
+			all := everyShard()
 			// The first sweep starts a hold-off (nobody swept before); let it pass.
 			if _, err := s.sweepShards(ctx, all, time.Now()); err != nil {
 				b.Fatal(err)
@@ -307,18 +319,10 @@ func BenchmarkWholeStates(b *testing.B) {
 	s, r := benchStore(b, time.Hour)
 	ctx := context.Background()
 	users := addUsers(b, s, 100)
-	for i, u := range users[:50] {
-		if err := s.Connect(ctx, presence.Conn{ID: "c" + strconv.Itoa(i), UserID: u, Device: "web"}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	all := make([]int, numShards)
-	for sh := range all {
-		all[sh] = sh
-	}
+	connectUsers(b, s, users[:50])
 	// A shard never swept reads as recovering: sweep them all, and wait out
 	// the hold-off the first sweep starts.
-	if _, err := s.sweepShards(ctx, all, time.Now()); err != nil {
+	if _, err := s.sweepShards(ctx, everyShard(), time.Now()); err != nil {
 		b.Fatal(err)
 	}
 	mates := users[1:]
