@@ -31,21 +31,36 @@ func (s *Store) WholePresence(ctx context.Context, userIDs []string) ([]presence
 	}
 	s.addWitnesses(ctx, &read)
 	pipe := s.rdb.Pipeline()
+	checks := lossChecks(ctx, pipe, &read)
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: presence: %w", errors.Join(ErrUnavailable, err)))
+	}
+	if !allIntact(checks) {
+		return nil, ErrRecovering
+	}
+	return out, nil
+}
+
+// lossChecks queues in pipe a read of the loss keys of each shard marked
+// in shards; allIntact judges them once the pipeline ran.
+func lossChecks(ctx context.Context, pipe redis.Pipeliner, shards *[numShards]bool) []*redis.SliceCmd {
 	var checks []*redis.SliceCmd
-	for sh, r := range read {
+	for sh, r := range shards {
 		if r {
 			checks = append(checks, pipe.MGet(ctx, lossKeys(sh)...))
 		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
-		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: presence: %w", errors.Join(ErrUnavailable, err)))
-	}
+	return checks
+}
+
+// allIntact says whether every shard lossChecks read is intact.
+func allIntact(checks []*redis.SliceCmd) bool {
 	for _, c := range checks {
 		if !intactShard(c.Val()) {
-			return nil, ErrRecovering
+			return false
 		}
 	}
-	return out, nil
+	return true
 }
 
 // lossKeys are shard sh's sweep record and loss mark, read with or after a
@@ -179,7 +194,7 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 	// per-shard slices, a key string each, each boxed into an MGET
 	// argument): the users are grouped by shard with a counting sort, their
 	// keys are substrings of one string, and the arguments point at them
-	// (go-redis writes a *string as the string, and routes by it).
+	// (go-redis writes a *string as the string).
 	var read [numShards]bool
 	var count [numShards]int
 	keyLen := 0
@@ -211,21 +226,24 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 		order[next[sh]] = i
 		next[sh]++
 	}
+	// Shard by shard, as order is: each key's prefix without hashing again.
 	var b strings.Builder
 	b.Grow(keyLen)
-	for _, i := range order {
-		u := userIDs[i]
-		b.WriteString(prefix(shardOf(u)))
-		b.WriteString("sv:")
-		b.WriteString(u)
+	for sh := range numShards {
+		for _, i := range order[next[sh]-count[sh] : next[sh]] {
+			b.WriteString(prefix(sh))
+			b.WriteString("sv:")
+			b.WriteString(userIDs[i])
+		}
 	}
 	all := b.String()
 	keys := make([]string, len(order))
-	for k, off := 0, 0; k < len(order); k++ {
-		u := userIDs[order[k]]
-		n := len(prefix(shardOf(u))) + len("sv:") + len(u)
-		keys[k] = all[off : off+n]
-		off += n
+	for sh, k, off := 0, 0, 0; sh < numShards; sh++ {
+		for ; k < next[sh]; k++ {
+			n := len(prefix(sh)) + len("sv:") + len(userIDs[order[k]])
+			keys[k] = all[off : off+n]
+			off += n
+		}
 	}
 	pipe := s.rdb.Pipeline()
 	type shardRead struct {
@@ -296,21 +314,17 @@ func (s *Store) states(ctx context.Context, userIDs []string, whole bool) ([]pre
 	// checked again, after the read (a loss in between reads as offline).
 	var checks []*redis.SliceCmd
 	if whole {
-		seen := make(map[int]bool)
+		var again [numShards]bool
 		for _, i := range missing {
-			if sh := shardOf(userIDs[i]); !seen[sh] {
-				seen[sh] = true
-				checks = append(checks, pipe.MGet(ctx, lossKeys(sh)...))
-			}
+			again[shardOf(userIDs[i])] = true
 		}
+		checks = lossChecks(ctx, pipe, &again)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, s.failed(store.OpQuery, fmt.Errorf("redisstore: states: %w", errors.Join(ErrUnavailable, err)))
 	}
-	for _, c := range checks {
-		if !intactShard(c.Val()) {
-			return nil, ErrRecovering
-		}
+	if !allIntact(checks) {
+		return nil, ErrRecovering
 	}
 	for k, c := range cmds {
 		vals := c.Val()
