@@ -30,6 +30,7 @@ const (
 	mSlow        = "greendot_slow_consumer_disconnects_total"
 	mExpirations = "greendot_expirations_total"
 	mDetection   = "greendot_offline_detection_lag_seconds"
+	mGraceLag    = "greendot_offline_grace_lag_seconds"
 	mGraceCancel = "greendot_grace_cancellations_total"
 	mGraceStart  = "greendot_grace_started_total"
 	mRejected    = "greendot_frames_rejected_total"

@@ -120,6 +120,10 @@ type Outcome struct {
 	// ExpiryLag is, per expired connection, how late past its deadline it was
 	// noticed; callers export it as offline-detection lag.
 	ExpiryLag []time.Duration
+	// GraceLag is, per offline published at the end of a grace, how late
+	// past that end it was decided; callers export it, as the measure of
+	// whether an offline comes on time.
+	GraceLag []time.Duration
 	// Forgotten counts users whose state was dropped (Config.ForgetAfter).
 	Forgotten int
 	// Statuses are the status changes, for the users' own connections.

@@ -201,7 +201,11 @@ func (t *Tracker) Advance(now time.Time) Outcome {
 				continue // cancelled, or re-entered grace since
 			}
 			u.graceUntil = 0
+			n := len(out.Changes)
 			t.publishIfChanged(now, d.key, u, &out)
+			if len(out.Changes) > n {
+				out.GraceLag = append(out.GraceLag, max(0, now.Sub(d.at)))
+			}
 			continue
 		}
 		u := t.expires[0]

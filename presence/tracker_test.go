@@ -131,6 +131,26 @@ func TestAwayOnlyWhenEveryDeviceIdle(t *testing.T) {
 	expectChanges(t, w.disconnect("c1"), "bob=away")
 }
 
+// Each offline decided at a grace end reports how late past that end the
+// sweep came; a grace cut short by a reconnect reports nothing.
+func TestGraceLagIsHowLateTheOfflineWasDecided(t *testing.T) {
+	w := newWorld(t)
+	w.connect("c1", "bob", "web")
+	w.connect("c2", "carol", "web")
+	w.disconnect("c1")
+	w.disconnect("c2")
+	w.advance(time.Second)
+	w.connect("c3", "carol", "web") // back within her grace
+	out := w.advance(grace - time.Second + 40*time.Millisecond)
+	expectChanges(t, out, "bob=offline")
+	if len(out.GraceLag) != 1 || out.GraceLag[0] != 40*time.Millisecond {
+		t.Fatalf("grace lags = %v, want [40ms]", out.GraceLag)
+	}
+	if out := w.advance(time.Minute); len(out.GraceLag) != 0 {
+		t.Fatalf("grace lags after every grace is over = %v, want none", out.GraceLag)
+	}
+}
+
 func TestExpiryOfSilentConnection(t *testing.T) {
 	w := newWorld(t)
 	w.connect("c1", "bob", "web")

@@ -45,6 +45,7 @@ type metrics struct {
 	heartbeatGap       prometheus.Histogram
 	expirations        prometheus.Counter
 	detectionLag       prometheus.Histogram
+	graceLag           prometheus.Histogram
 	graceStarted       prometheus.Counter
 	graceCancellations prometheus.Counter
 	statusExpirations  prometheus.Counter
@@ -102,6 +103,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		detectionLag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "offline_detection_lag_seconds",
 			Help:    "How late past its deadline an expired connection was noticed.",
 			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10}}),
+		graceLag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "offline_grace_lag_seconds",
+			Help:    "How late past its grace end each offline was decided.",
+			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}}),
 		graceStarted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "grace_started_total",
 			Help: "Users who lost their last connection and entered the offline grace."}),
 		statusExpirations: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "status_expirations_total",
@@ -151,7 +155,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Pusher REST API requests, by HTTP status."}, []string{"status"}),
 	}
 	reg.MustRegister(m.connections, m.usersOnline, m.heartbeats, m.frames, m.framesRejected,
-		m.connectsRejected, m.httpRefused, m.socketsRefused, m.heartbeatGap, m.expirations, m.detectionLag, m.graceStarted,
+		m.connectsRejected, m.httpRefused, m.socketsRefused, m.heartbeatGap, m.expirations, m.detectionLag, m.graceLag, m.graceStarted,
 		m.graceCancellations, m.statusExpirations, m.changes, m.fanout, m.deliveries, m.coalesced, m.dropped,
 		m.slowDisconnects, m.slowConsumers, m.slowCoalesced, m.slowTimeouts, m.storeLatency, m.storeErrors, m.resyncs, m.resyncDeliveries,
 		m.pusherConns, m.pusherFrames, m.pusherSubscribeErrors, m.pusherMemberEvents, m.pusherDelivered, m.pusherREST,
@@ -184,6 +188,9 @@ func (m *metrics) ObserveOutcome(op string, out presence.Outcome, took time.Dura
 	m.expirations.Add(float64(len(out.Expired)))
 	for _, lag := range out.ExpiryLag {
 		m.detectionLag.Observe(lag.Seconds())
+	}
+	for _, lag := range out.GraceLag {
+		m.graceLag.Observe(lag.Seconds())
 	}
 	m.graceStarted.Add(float64(out.GraceStarted))
 	m.graceCancellations.Add(float64(out.GraceCancelled))

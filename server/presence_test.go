@@ -356,7 +356,8 @@ func TestMetricsExposed(t *testing.T) {
 			"greendot_heartbeat_gap_seconds_bucket", "greendot_expirations_total",
 			"greendot_grace_cancellations_total", "greendot_fanout_connections_bucket",
 			"greendot_deliveries_coalesced_total", "greendot_deliveries_dropped_total",
-			"greendot_offline_detection_lag_seconds", "greendot_store_operation_seconds",
+			"greendot_offline_detection_lag_seconds", "greendot_offline_grace_lag_seconds_bucket",
+			"greendot_store_operation_seconds",
 			"greendot_process_resident_memory_bytes", "go_memstats_heap_alloc_bytes",
 		} {
 			if !strings.Contains(body, want) {
@@ -423,6 +424,28 @@ func TestZeroGracePublishesOfflineAtOnce(t *testing.T) {
 	if d := time.Since(start); d > 500*time.Millisecond {
 		t.Fatalf("offline after %v with no grace", d)
 	}
+}
+
+// An offline published at the end of a grace is counted, with how late it
+// was decided; a grace cut short by a reconnect is not.
+func TestGraceEndedOfflineIsCounted(t *testing.T) {
+	ts := startServer(t)
+	ts.join("t1", "alice", "bob", "carol")
+	alice := ts.dial(t, "alice")
+	bob := ts.dial(t, "bob")
+	carol := ts.dial(t, "carol")
+	alice.expectChanges(time.Second, "bob=online", "carol=online")
+	carol.close()
+	ts.dial(t, "carol") // back within the grace
+	bob.close()
+	alice.expectChanges(5*time.Second, "bob=offline")
+	checkFor(t, 2*time.Second, func() error {
+		_, body := ts.do("GET", "/metrics", "")
+		if !strings.Contains(body, "greendot_offline_grace_lag_seconds_count 1\n") {
+			return errorf("grace end not counted once")
+		}
+		return nil
+	})
 }
 
 // Expiry of a silent connection is counted as an expiration.

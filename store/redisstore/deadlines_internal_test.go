@@ -53,3 +53,49 @@ func TestSweepTakesGraceEndsAndStatusExpiriesInOrder(t *testing.T) {
 		return nil
 	})
 }
+
+// An offline that a sweep decides past the grace end reports how late it
+// came, on Redis's clock: here the node that disconnected bob dies before
+// its own sweep at the grace end, and a sweeps late on purpose.
+func TestSweepReportsHowLateAGraceEndedOffline(t *testing.T) {
+	r := redistest.Start(t)
+	const grace, late = 300 * time.Millisecond, 200 * time.Millisecond
+	node := func(name string) (*Store, *rec) {
+		return mkWith(t, Config{URL: r.URL(), Node: name, TTL: 10 * time.Second, Grace: grace,
+			NodeTTL: 1500 * time.Millisecond, HoldOff: 300 * time.Millisecond})
+	}
+	a, h := node("a")
+	b, _ := node("b")
+	ctx := context.Background()
+	must(t, a.AddMember(ctx, "t", "bob"))
+	must(t, b.Connect(ctx, presence.Conn{ID: "b1", UserID: "bob", Device: "web"}))
+	before := time.Now()
+	must(t, b.Disconnect(ctx, "b1", presence.Closed))
+	after := time.Now()
+	kill9(b) // its sweep at the grace end finds it closed and does nothing
+	for time.Now().Before(after.Add(grace + late)) {
+		time.Sleep(10 * time.Millisecond) // the grace ends with no sweep
+	}
+	must(t, a.Sweep(ctx))
+	upper := time.Since(before) - grace
+	testwait.For(t, 2*time.Second, func() error {
+		if got, want := fmt.Sprint(h.hist()), "[bob=online bob=offline]"; got != want {
+			return fmt.Errorf("bob's changes %s, want %s", got, want)
+		}
+		return nil
+	})
+	h.mu.Lock()
+	lags := h.glag
+	h.mu.Unlock()
+	// Redis counts in whole milliseconds.
+	if len(lags) != 1 || lags[0] < late-time.Millisecond || lags[0] > upper+time.Millisecond {
+		t.Fatalf("grace lags %v, want one in [%v, %v]", lags, late, upper)
+	}
+	// A sweep with nothing due reports nothing.
+	must(t, a.Sweep(ctx))
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.glag) != 1 {
+		t.Fatalf("grace lags after a second sweep %v, want still one", h.glag)
+	}
+}

@@ -23,10 +23,11 @@ import (
 )
 
 type rec struct {
-	mu  sync.Mutex
-	ch  []presence.Change
-	lag []time.Duration
-	mem []string
+	mu   sync.Mutex
+	ch   []presence.Change
+	lag  []time.Duration
+	glag []time.Duration
+	mem  []string
 }
 
 func (r *rec) OnPresence(ev store.PresenceEvent) {
@@ -45,6 +46,7 @@ func (r *rec) OnMembership(ev store.MembershipEvent) {
 func (r *rec) ObserveOutcome(_ string, out presence.Outcome, _ time.Duration) {
 	r.mu.Lock()
 	r.lag = append(r.lag, out.ExpiryLag...)
+	r.glag = append(r.glag, out.GraceLag...)
 	r.mu.Unlock()
 }
 func (r *rec) hist() []string {

@@ -144,7 +144,7 @@ type outcome struct {
 func parseOutcome(v any) (outcome, error) {
 	var out outcome
 	r, ok := v.([]any)
-	if !ok || len(r) < 5 {
+	if !ok || len(r) < 6 {
 		return out, fmt.Errorf("redisstore: unexpected script reply %T", v)
 	}
 	out.GraceCancelled = int(toInt(r[0]))
@@ -175,7 +175,11 @@ func parseOutcome(v any) (outcome, error) {
 			Status: presence.Status{Mode: presence.Mode(toInt(st[1])), Text: toString(st[2]), Emoji: toString(st[3]),
 				ExpiresAt: msTime(toInt(st[4]))}})
 	}
-	for _, c := range r[5:] {
+	glags, _ := r[5].([]any)
+	for _, l := range glags {
+		out.GraceLag = append(out.GraceLag, time.Duration(toInt(l))*time.Millisecond)
+	}
+	for _, c := range r[6:] {
 		ch, ok := c.([]any)
 		if !ok || len(ch) < 11 {
 			return out, fmt.Errorf("redisstore: unexpected change %v", c)

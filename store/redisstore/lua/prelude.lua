@@ -265,17 +265,18 @@ local function settle_all(b, grace, out)
   for _, uk in ipairs(b.list) do settle(uk, grace, out) end
 end
 
-local function new_out() return {gc = 0, gs = 0, expired = {}, lags = {}, changes = {}, statuses = {}, sx = 0} end
+local function new_out() return {gc = 0, gs = 0, expired = {}, lags = {}, glags = {}, changes = {}, statuses = {}, sx = 0} end
 
 -- Reply: {grace cancelled, grace started, {expired ids}, {lags ms},
--- {statuses expired, status...}, change...} where a status is {user, mode,
+-- {statuses expired, status...}, {grace lags ms}, change...} where a grace
+-- lag is how late past its grace end an offline was decided, a status is {user, mode,
 -- text, emoji, expires ms, version} and a change {user, shown state,
 -- version, at ms, {teams}, text, emoji, expires ms, since ms, last seen ms,
 -- previous shown state}.
 local function reply(out)
   local st = {out.sx}
   for _, s in ipairs(out.statuses) do table.insert(st, s) end
-  local r = {out.gc, out.gs, out.expired, out.lags, st}
+  local r = {out.gc, out.gs, out.expired, out.lags, st, out.glags}
   for _, c in ipairs(out.changes) do table.insert(r, c) end
   return r
 end

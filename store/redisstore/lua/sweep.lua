@@ -143,7 +143,9 @@ while gi <= #ends or si <= #sts do
     local g = redis.call('HGET', uk.u, 'grace')
     if g and tonumber(g) <= NOW_MS and redis.call('HLEN', uk.uc) == 0 then
       redis.call('HDEL', uk.u, 'grace')
+      local n = #out.changes
       publish_if_changed(uk, out)
+      if #out.changes > n then table.insert(out.glags, NOW_MS - tonumber(g)) end
     end
   else
     local user = sts[si]
