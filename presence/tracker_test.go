@@ -132,13 +132,17 @@ func TestAwayOnlyWhenEveryDeviceIdle(t *testing.T) {
 }
 
 // Each offline decided at a grace end reports how late past that end the
-// sweep came; a grace cut short by a reconnect reports nothing.
+// sweep came; a grace cut short by a reconnect, and one whose end changes
+// nothing viewers see (an invisible user's), report nothing.
 func TestGraceLagIsHowLateTheOfflineWasDecided(t *testing.T) {
 	w := newWorld(t)
 	w.connect("c1", "bob", "web")
 	w.connect("c2", "carol", "web")
+	w.connect("c4", "dave", "web")
+	w.setStatus("dave", Status{Mode: ModeInvisible})
 	w.disconnect("c1")
 	w.disconnect("c2")
+	w.disconnect("c4")
 	w.advance(time.Second)
 	w.connect("c3", "carol", "web") // back within her grace
 	out := w.advance(grace - time.Second + 40*time.Millisecond)

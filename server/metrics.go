@@ -105,7 +105,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10}}),
 		graceLag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "offline_grace_lag_seconds",
 			Help:    "How late past its grace end each offline was decided.",
-			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}}),
+			Buckets: []float64{0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1}}),
 		graceStarted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "grace_started_total",
 			Help: "Users who lost their last connection and entered the offline grace."}),
 		statusExpirations: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "status_expirations_total",

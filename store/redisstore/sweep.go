@@ -214,13 +214,12 @@ func (s *Store) sweepCall(sh int) call {
 
 // sweepAtGraceEnd sweeps shard sh once more when a grace that a disconnect
 // may just have started is over, so that its offline is published on time
-// rather than at the next tick. Any node may sweep any shard: the script's
-// claims make a second sweep harmless.
+// rather than at the shard's next regular sweep (up to ownedSweepMax on).
+// With no grace the disconnect's grace ends at once, and so does this wait.
+// Any node may sweep any shard: the script's claims make a second sweep
+// harmless.
 func (s *Store) sweepAtGraceEnd(sh int) {
-	if s.cfg.Grace <= 0 {
-		return
-	}
-	s.sweepAfter(sh, s.cfg.Grace)
+	s.sweepAfter(sh, max(s.cfg.Grace, 0))
 }
 
 // sweepAfter sweeps shard sh once, d from now (a few ms past it: the
