@@ -20,14 +20,8 @@ func TestSweepTakesGraceEndsAndStatusExpiriesInOrder(t *testing.T) {
 	r := redistest.Start(t)
 	// Sweeps may pause up to a second (two thirds of the node ttl) without
 	// starting a hold-off.
-	node := func(name string) (*Store, *rec) {
-		return mkWith(t, Config{URL: r.URL(), Node: name, TTL: 10 * time.Second, Grace: 300 * time.Millisecond,
-			NodeTTL: 1500 * time.Millisecond, HoldOff: 300 * time.Millisecond})
-	}
-	a, h := node("a")
-	b, _ := node("b")
+	a, h, b := twoGraceNodes(t, r.URL(), 300*time.Millisecond, 1500*time.Millisecond)
 	ctx := context.Background()
-	must(t, a.AddMember(ctx, "t", "bob"))
 	must(t, b.Connect(ctx, presence.Conn{ID: "b1", UserID: "bob", Device: "web"}))
 	kill9(b)
 	var released time.Time
@@ -63,14 +57,8 @@ func TestSweepReportsHowLateAGraceEndedOffline(t *testing.T) {
 	// one holds graces off; one within ownedSweepMax of a's last sweep
 	// skips the shard: the wait is between the two, with margin.
 	const grace, late = 300 * time.Millisecond, 600 * time.Millisecond
-	node := func(name string) (*Store, *rec) {
-		return mkWith(t, Config{URL: r.URL(), Node: name, TTL: 10 * time.Second, Grace: grace,
-			NodeTTL: 3 * time.Second, HoldOff: 300 * time.Millisecond})
-	}
-	a, h := node("a")
-	b, _ := node("b")
+	a, h, b := twoGraceNodes(t, r.URL(), grace, 3*time.Second)
 	ctx := context.Background()
-	must(t, a.AddMember(ctx, "t", "bob"))
 	must(t, b.Connect(ctx, presence.Conn{ID: "b1", UserID: "bob", Device: "web"}))
 	before := time.Now()
 	must(t, b.Disconnect(ctx, "b1", presence.Closed))
@@ -111,4 +99,18 @@ func TestZeroGraceOfflineComesWithoutARegularSweep(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// twoGraceNodes starts nodes a (recording) and b on url with grace and
+// nodeTTL, bob a member of team t.
+func twoGraceNodes(t *testing.T, url string, grace, nodeTTL time.Duration) (a *Store, h *rec, b *Store) {
+	t.Helper()
+	node := func(name string) (*Store, *rec) {
+		return mkWith(t, Config{URL: url, Node: name, TTL: 10 * time.Second, Grace: grace,
+			NodeTTL: nodeTTL, HoldOff: 300 * time.Millisecond})
+	}
+	a, h = node("a")
+	b, _ = node("b")
+	must(t, a.AddMember(context.Background(), "t", "bob"))
+	return a, h, b
 }
