@@ -20,6 +20,7 @@ import (
 type stormUser struct {
 	m     *member
 	back  atomic.Int64 // unix ns of the first reconnect after the cut; 0 before
+	again atomic.Bool  // its client lost the connection again after coming back
 	about atomic.Int64 // changes about this user delivered after the cut
 }
 
@@ -55,10 +56,12 @@ type stormReply struct {
 	Users       int       `json:"users"`
 	NotBack     int       `json:"not_back"`
 	Within      int       `json:"within"` // back within the grace
+	Again       int       `json:"again"`  // of those, dropped again after coming back
 	Back        Histogram `json:"back"`   // cut → reconnected
 	LastBack    int64     `json:"last_back"`
 	AboutWithin int64     `json:"about_within"` // changes about users back within the grace
 	AboutLate   int64     `json:"about_late"`
+	AboutAgain  int64     `json:"about_again"` // changes about users back within the grace who dropped again
 	Delivered   int64     `json:"delivered"`
 	SnapDiffs   int64     `json:"snap_diffs"`
 	LastChange  int64     `json:"last_change"`
@@ -93,8 +96,16 @@ func (w *stormWorker) options(m *member) client.Options {
 	counting := co.OnStateChange
 	co.OnStateChange = func(sc client.StateChange) {
 		counting(sc)
-		if sc.State == client.Connected && w.cutAt.Load() != 0 {
-			u.back.CompareAndSwap(0, time.Now().UnixNano())
+		if w.cutAt.Load() != 0 {
+			switch {
+			case sc.State == client.Connected:
+				u.back.CompareAndSwap(0, time.Now().UnixNano())
+			case u.back.Load() != 0:
+				// Dropped again under the load (a write timing out on a
+				// starved load process): its later offline and online are
+				// real changes, not the storm's.
+				u.again.Store(true)
+			}
 		}
 	}
 	co.OnChange = func(ch client.Change) {
@@ -134,10 +145,15 @@ func (w *stormWorker) collect() stormReply {
 		gap := time.Duration(back - cut)
 		r.Back.Record(gap)
 		r.LastBack = max(r.LastBack, back)
-		if gap < o.Grace {
+		switch {
+		case gap < o.Grace && u.again.Load():
+			r.Within++
+			r.Again++
+			r.AboutAgain += u.about.Load()
+		case gap < o.Grace:
 			r.Within++
 			r.AboutWithin += u.about.Load()
-		} else {
+		default:
 			r.AboutLate += u.about.Load()
 		}
 	}
@@ -204,6 +220,8 @@ func driveStorm(ctx context.Context, d *driver) error {
 		t.Users += x.Users
 		t.NotBack += x.NotBack
 		t.Within += x.Within
+		t.Again += x.Again
+		t.AboutAgain += x.AboutAgain
 		t.Back.Merge(x.Back)
 		t.LastBack = max(t.LastBack, x.LastBack)
 		t.AboutWithin += x.AboutWithin
@@ -225,6 +243,8 @@ func driveStorm(ctx context.Context, d *driver) error {
 	res.addDur("settle", "time to settle (last reconnect or change)", settled)
 	res.add("changes_within_grace", "changes about users back within the grace", float64(t.AboutWithin), "")
 	res.goal(0, false, "0")
+	res.add("dropped_again", "users back within the grace whose client dropped again", float64(t.Again), "")
+	res.add("changes_dropped_again", "changes about those (their later offline and online)", float64(t.AboutAgain), "")
 	res.add("changes_per_viewer_subject", "changes per viewer per subject", float64(t.Delivered+t.SnapDiffs)/float64(max(t.Pairs, 1)), "")
 	res.add("changes_late", "changes about users back after the grace", float64(t.AboutLate), "")
 	res.add("snapshot_diffs", "changes found by reconnect snapshots", float64(t.SnapDiffs), "")
