@@ -734,6 +734,35 @@ func TestGraceEndIsSwept(t *testing.T) {
 	})
 }
 
+// A disconnect that starts no grace (the user keeps another connection)
+// schedules no grace-end sweep: here the first device's would run at 305
+// ms, before the offline that the second device's grace ends in at ~455.
+func TestNoGraceEndSweepWithoutAGrace(t *testing.T) {
+	srv := redistest.Start(t)
+	// A node ttl long enough that ~0.5 s without a sweep holds no grace off.
+	s, r := mkWith(t, Config{URL: srv.URL(), Node: "a", TTL: 2 * time.Second, Grace: 300 * time.Millisecond,
+		NodeTTL: 3 * time.Second, HoldOff: 300 * time.Millisecond})
+	ctx := context.Background()
+	must(t, s.AddMember(ctx, "t", "bob"))
+	sweepFor(t, s, 500*time.Millisecond) // past the hold-off of a fresh Redis
+	must(t, s.Connect(ctx, presence.Conn{ID: "c1", UserID: "bob", Device: "web", Node: "a"}))
+	must(t, s.Connect(ctx, presence.Conn{ID: "c2", UserID: "bob", Device: "ios", Node: "a"}))
+	waitHist(t, r, 5*time.Second, s, "bob=online")
+	before := s.graceSweeps.Load()
+	must(t, s.Disconnect(ctx, "c1", presence.Closed))
+	time.Sleep(150 * time.Millisecond) // the second device leaves later
+	must(t, s.Disconnect(ctx, "c2", presence.Closed))
+	testwait.For(t, 5*time.Second, func() error {
+		if got := fmt.Sprint(r.hist()); got != "[bob=online bob=offline]" {
+			return fmt.Errorf("bob's changes %s", got)
+		}
+		return nil
+	})
+	if n := s.graceSweeps.Load() - before; n != 1 {
+		t.Fatalf("%d grace-end sweeps by the offline, want 1 (the second device's)", n)
+	}
+}
+
 // A single script call (run) on a Redis that lost its scripts (a restart,
 // SCRIPT FLUSH) runs it by EVAL: the call succeeds.
 func TestScriptCallAfterScriptFlushSucceeds(t *testing.T) {

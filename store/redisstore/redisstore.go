@@ -555,7 +555,7 @@ func (s *Store) endInRedis(ctx context.Context, id, user, node string) {
 	v, err := run(ctx, s.rdb, s.sc.disconnect, c.keys, c.args...)
 	switch {
 	case err == nil:
-		s.sweepAtGraceEnd(shardOf(user))
+		s.sweepAtGraceEnd(shardOf(user), v)
 		_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
 	case !isRedisReply(err):
 		s.noteLostReply(err)
@@ -663,7 +663,7 @@ func (s *Store) Disconnect(ctx context.Context, connID string, cause presence.Ca
 	dc := s.disconnectCall(connID, lc.user, lc.node, cause, true, int64(lc.heard))
 	v, err := run(ctx, s.rdb, s.sc.disconnect, dc.keys, dc.args...)
 	if err == nil {
-		s.sweepAtGraceEnd(shardOf(lc.user))
+		s.sweepAtGraceEnd(shardOf(lc.user), v)
 	}
 	if err != nil {
 		s.noteLostReply(err)
@@ -857,7 +857,7 @@ func (s *Store) retryEnds(ctx context.Context) {
 		v, err := run(ctx, s.rdb, s.sc.disconnect, c.keys, c.args...)
 		switch {
 		case err == nil:
-			s.sweepAtGraceEnd(shardOf(e.user))
+			s.sweepAtGraceEnd(shardOf(e.user), v)
 			_ = s.apply(ctx, store.OpDisconnect, v, time.Now())
 		case isRedisReply(err): // unknown: nothing left to end
 		case e.tries < 20:

@@ -212,13 +212,17 @@ func (s *Store) sweepCall(sh int) call {
 		s.cfg.Node, recovering}}
 }
 
-// sweepAtGraceEnd sweeps shard sh once more when a grace that a disconnect
-// may just have started is over, so that its offline is published on time
-// rather than at the shard's next regular sweep (up to ownedSweepMax on).
-// With no grace the disconnect's grace ends at once, and so does this wait.
-// Any node may sweep any shard: the script's claims make a second sweep
-// harmless.
-func (s *Store) sweepAtGraceEnd(sh int) {
+// sweepAtGraceEnd sweeps shard sh once more when the grace that a
+// disconnect (its script's reply v) started is over, so that its offline is
+// published on time rather than at the shard's next regular sweep (up to
+// ownedSweepMax on). With no grace the grace ends at once, and so does this
+// wait. A disconnect that started none (the user has another connection)
+// has nothing to publish then. Any node may sweep any shard: the script's
+// claims make a second sweep harmless.
+func (s *Store) sweepAtGraceEnd(sh int, v any) {
+	if r, ok := v.([]any); !ok || len(r) < 2 || toInt(r[1]) == 0 {
+		return
+	}
 	s.sweepAfter(sh, max(s.cfg.Grace, 0))
 }
 
